@@ -1,0 +1,38 @@
+# status_history — PGXS build.
+#
+# The version lives only in status_history.control; the install script for it
+# is generated from sql/status_history.sql, and upgrade scripts are picked up
+# by wildcard, so no list here is kept by hand.
+
+EXTENSION  = status_history
+EXTVERSION = $(shell sed -n "s/^default_version *= *'\(.*\)'/\1/p" $(EXTENSION).control)
+
+MODULE_big = $(EXTENSION)
+OBJS       = $(patsubst %.c,%.o,$(wildcard src/*.c))
+
+DATA_built = sql/$(EXTENSION)--$(EXTVERSION).sql
+DATA       = $(wildcard sql/$(EXTENSION)--*--*.sql)
+
+# pg_regress inputs are every sql/*.sql that is not an install or upgrade script.
+REGRESS      = $(filter-out $(EXTENSION)%,$(patsubst sql/%.sql,%,$(wildcard sql/*.sql)))
+REGRESS_OPTS = --inputdir=. --load-extension=$(EXTENSION)
+
+PG_CFLAGS  = -Wall -Wextra -Werror -Wno-unused-parameter -Wno-sign-compare -Wno-missing-field-initializers
+EXTRA_CLEAN = sql/$(EXTENSION)--$(EXTVERSION).sql
+
+PG_CONFIG ?= pg_config
+PGXS := $(shell $(PG_CONFIG) --pgxs)
+include $(PGXS)
+
+sql/$(EXTENSION)--$(EXTVERSION).sql: sql/$(EXTENSION).sql $(EXTENSION).control
+	cp $< $@
+
+.PHONY: test demo bench stress
+test:
+	./test/run.sh
+demo:
+	./test/demo.sh
+bench:
+	./bench/run.sh
+stress:
+	./test/stress.sh

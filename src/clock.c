@@ -1,0 +1,310 @@
+/*
+ * clock.c — the monotonic clock behind every stamp: monotonic_now().
+ *
+ * A stamp is greatest(clock_timestamp(), last stamp + 1 microsecond).  "last"
+ * lives in shared memory, one slot per database, under one LWLock, so stamps
+ * are unique and increasing across sessions.  The struct is small enough to
+ * come out of the spare shared memory the server keeps for add-ins, so the
+ * extension works without shared_preload_libraries; when it is preloaded it
+ * reserves the space at start-up instead.
+ *
+ * Restarts and crashes wipe shared memory.  A slot is therefore seeded on
+ * first use from max(occurred_at) in the history and from a persisted bound,
+ * the sequence status_history.clock_bound.  The clock never hands out a stamp
+ * above the bound without first raising the bound and flushing that to WAL,
+ * so after any restart it resumes above every stamp it ever handed out, even
+ * if the system clock stepped back in between.  The bound moves one second
+ * ahead at a time: at most one WAL flush per second of stamps.
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "access/xlog.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "storage/ipc.h"
+#include "storage/lmgr.h"
+#include "storage/lwlock.h"
+#include "storage/shmem.h"
+#include "utils/builtins.h"
+#include "utils/fmgrprotos.h"
+#include "utils/timestamp.h"
+
+#include "status_history.h"
+
+/* Databases that can use the clock at once, per server start. */
+#define CLOCK_SLOTS 64
+
+/* How far ahead of the newest stamp the persisted bound is raised. */
+#define BOUND_AHEAD USECS_PER_SEC
+
+typedef struct ClockSlot
+{
+	Oid			dbid;			/* InvalidOid: free */
+	bool		seeded;			/* last and bound read from the database */
+	TimestampTz last;			/* newest stamp handed out or observed */
+	TimestampTz bound;			/* persisted: no stamp is handed out above it */
+} ClockSlot;
+
+typedef struct ClockShared
+{
+	int			tranche_id;
+	LWLock		lock;			/* guards every slot */
+	ClockSlot	slots[CLOCK_SLOTS];
+} ClockShared;
+
+static ClockShared *clock_shared = NULL;
+static ClockSlot *my_slot = NULL;
+
+static shmem_request_hook_type prev_shmem_request_hook = NULL;
+static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+
+PG_FUNCTION_INFO_V1(status_history_monotonic_now);
+
+/* Find or create the shared struct; safe in the postmaster and in backends. */
+static void
+clock_attach(void)
+{
+	bool		found;
+
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	clock_shared = ShmemInitStruct("status_history clock", sizeof(ClockShared), &found);
+	if (!found)
+	{
+		memset(clock_shared, 0, sizeof(ClockShared));
+		clock_shared->tranche_id = LWLockNewTrancheId();
+		LWLockInitialize(&clock_shared->lock, clock_shared->tranche_id);
+	}
+	LWLockRelease(AddinShmemInitLock);
+	LWLockRegisterTranche(clock_shared->tranche_id, "status_history_clock");
+}
+
+static void
+clock_shmem_request(void)
+{
+	if (prev_shmem_request_hook)
+		prev_shmem_request_hook();
+	RequestAddinShmemSpace(MAXALIGN(sizeof(ClockShared)));
+}
+
+/* Runs at every (re)initialization of shared memory, crash restarts included. */
+static void
+clock_shmem_startup(void)
+{
+	if (prev_shmem_startup_hook)
+		prev_shmem_startup_hook();
+	clock_shared = NULL;
+	my_slot = NULL;
+	clock_attach();
+}
+
+/* Preloaded: reserve the space up front.  Otherwise attach lazily. */
+void
+sh_clock_init(void)
+{
+	if (!process_shared_preload_libraries_in_progress)
+		return;
+	prev_shmem_request_hook = shmem_request_hook;
+	shmem_request_hook = clock_shmem_request;
+	prev_shmem_startup_hook = shmem_startup_hook;
+	shmem_startup_hook = clock_shmem_startup;
+}
+
+/* This database's slot, claimed on first use. */
+static ClockSlot *
+clock_slot(void)
+{
+	ClockSlot  *slot = NULL;
+	ClockSlot  *free_slot = NULL;
+
+	if (my_slot != NULL && my_slot->dbid == MyDatabaseId)
+		return my_slot;
+	if (clock_shared == NULL)
+		clock_attach();
+
+	LWLockAcquire(&clock_shared->lock, LW_EXCLUSIVE);
+	for (int i = 0; i < CLOCK_SLOTS && slot == NULL; i++)
+	{
+		if (clock_shared->slots[i].dbid == MyDatabaseId)
+			slot = &clock_shared->slots[i];
+		else if (clock_shared->slots[i].dbid == InvalidOid && free_slot == NULL)
+			free_slot = &clock_shared->slots[i];
+	}
+	if (slot == NULL && free_slot != NULL)
+	{
+		slot = free_slot;
+		memset(slot, 0, sizeof(ClockSlot));
+		slot->dbid = MyDatabaseId;
+	}
+	LWLockRelease(&clock_shared->lock);
+
+	if (slot == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+				 errmsg("the status_history clock has no free slot for this database"),
+				 errdetail("The clock keeps state for at most %d databases per server start.",
+						   CLOCK_SLOTS),
+				 errhint("Restart the server to release the slots of databases that no longer use the extension.")));
+	my_slot = slot;
+	return slot;
+}
+
+/* Read max(occurred_at) and the persisted bound, and fold them into the slot. */
+static void
+clock_seed(ClockSlot *slot)
+{
+	ShSavedUser saved;
+	TimestampTz table_max = 0;
+	TimestampTz bound = 0;
+	bool		isnull;
+	int			ret;
+
+	SPI_connect();
+	sh_become_owner(sh_relation_oid("history"), &saved);
+	ret = SPI_execute("SELECT pg_catalog.max(h.occurred_at),"
+					  "       (SELECT b.last_value FROM status_history.clock_bound AS b)"
+					  "  FROM status_history.history AS h",
+					  true, 1);
+	if (ret != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "status_history: reading the clock seed failed: %s",
+			 SPI_result_code_string(ret));
+	table_max = DatumGetTimestampTz(SPI_getbinval(SPI_tuptable->vals[0],
+												  SPI_tuptable->tupdesc, 1, &isnull));
+	if (isnull)
+		table_max = 0;
+	bound = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+										SPI_tuptable->tupdesc, 2, &isnull));
+	if (isnull)
+		bound = 0;
+	sh_restore_user(&saved);
+	SPI_finish();
+
+	LWLockAcquire(&clock_shared->lock, LW_EXCLUSIVE);
+	slot->last = Max(slot->last, Max(table_max, bound));
+	slot->bound = Max(slot->bound, bound);
+	slot->seeded = true;
+	LWLockRelease(&clock_shared->lock);
+}
+
+/* The slot, seeded; every entry point goes through here. */
+static ClockSlot *
+clock_ready(void)
+{
+	ClockSlot  *slot = clock_slot();
+
+	if (!slot->seeded)
+		clock_seed(slot);
+	return slot;
+}
+
+/* Stamps persist a bound, so they need a writable primary. */
+static void
+clock_check_writable(void)
+{
+	if (RecoveryInProgress())
+		ereport(ERROR,
+				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+				 errmsg("cannot take a status_history stamp during recovery"),
+				 errdetail("Stamps are handed out only by the primary server."),
+				 errhint("Read status_history.statuses or latest() here; report on the primary.")));
+	if (XactReadOnly)
+		ereport(ERROR,
+				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+				 errmsg("cannot take a status_history stamp in a read-only transaction"),
+				 errdetail("The clock persists its high-water mark so that it survives crashes."),
+				 errhint("Take stamps and report in a read-write transaction.")));
+}
+
+/*
+ * Persist a bound of at least target.  A session lock on the sequence keeps
+ * two raisers from writing out of order (a lower bound after a higher one).
+ */
+static void
+clock_raise_bound(ClockSlot *slot, TimestampTz target)
+{
+	Oid			seqid = sh_relation_oid("clock_bound");
+	LockRelId	lockid;
+	ShSavedUser saved;
+
+	lockid.relId = seqid;
+	lockid.dbId = MyDatabaseId;
+	LockRelationIdForSession(&lockid, ShareUpdateExclusiveLock);
+	PG_TRY();
+	{
+		TimestampTz current;
+
+		LWLockAcquire(&clock_shared->lock, LW_SHARED);
+		current = slot->bound;
+		LWLockRelease(&clock_shared->lock);
+
+		if (current < target)
+		{
+			sh_become_owner(seqid, &saved);
+			DirectFunctionCall2(setval_oid, ObjectIdGetDatum(seqid), Int64GetDatum(target));
+			sh_restore_user(&saved);
+			/* Durable before any stamp below it is handed out. */
+			XLogFlush(GetXLogInsertRecPtr());
+
+			LWLockAcquire(&clock_shared->lock, LW_EXCLUSIVE);
+			slot->bound = Max(slot->bound, target);
+			LWLockRelease(&clock_shared->lock);
+		}
+	}
+	PG_FINALLY();
+	{
+		UnlockRelationIdForSession(&lockid, ShareUpdateExclusiveLock);
+	}
+	PG_END_TRY();
+}
+
+/* The next stamp: greatest(now, last + 1us), never above the persisted bound. */
+TimestampTz
+sh_clock_next(void)
+{
+	ClockSlot  *slot;
+
+	clock_check_writable();
+	slot = clock_ready();
+	for (;;)
+	{
+		TimestampTz now = GetCurrentTimestamp();
+		TimestampTz stamp;
+
+		LWLockAcquire(&clock_shared->lock, LW_EXCLUSIVE);
+		stamp = Max(now, slot->last + 1);
+		if (stamp <= slot->bound)
+		{
+			slot->last = stamp;
+			LWLockRelease(&clock_shared->lock);
+			return stamp;
+		}
+		LWLockRelease(&clock_shared->lock);
+
+		if (!IS_VALID_TIMESTAMP(stamp + BOUND_AHEAD))
+			ereport(ERROR,
+					(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
+					 errmsg("the status_history clock has reached the end of the timestamp range"),
+					 errdetail("A stamp was imported close to the largest timestamp PostgreSQL can store."),
+					 errhint("Import stamps no later than the present.")));
+		clock_raise_bound(slot, stamp + BOUND_AHEAD);
+	}
+}
+
+/* An imported stamp: later stamps must come after it. */
+void
+sh_clock_observe(TimestampTz stamp)
+{
+	ClockSlot  *slot = clock_ready();
+
+	LWLockAcquire(&clock_shared->lock, LW_EXCLUSIVE);
+	slot->last = Max(slot->last, stamp);
+	LWLockRelease(&clock_shared->lock);
+}
+
+/* SQL: status_history.monotonic_now() */
+Datum
+status_history_monotonic_now(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_TIMESTAMPTZ(sh_clock_next());
+}

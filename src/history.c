@@ -1,0 +1,273 @@
+/*
+ * history.c — the triggers that make status_history.history append-only.
+ *
+ * The insert trigger is the hot path of the extension.  For each new row it
+ * validates the report, locks the object (serializing reports on it), takes a
+ * stamp from the clock, decides whether the report is stale (below the
+ * object's fence, or after the object was dropped) and, when it is the newest
+ * non-stale report, makes it the object's current report.  Only the table's
+ * owner may supply occurred_at (import and restore); the clock then continues
+ * above it.  The other trigger refuses UPDATE, DELETE and TRUNCATE.
+ */
+#include "postgres.h"
+
+#include "access/htup_details.h"
+#include "commands/trigger.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "mb/pg_wchar.h"
+#include "miscadmin.h"
+#include "utils/acl.h"
+#include "utils/builtins.h"
+#include "utils/rel.h"
+#include "utils/timestamp.h"
+
+#include "status_history.h"
+
+PG_FUNCTION_INFO_V1(status_history_insert_trigger);
+PG_FUNCTION_INFO_V1(status_history_refuse_change);
+
+static const char *const known_statuses[] = {
+	"starting", "running", "paused", "stalled", "ceased", "dropped"
+};
+
+/* Attribute numbers (0-based) of the columns, found by name. */
+typedef struct HistoryColumns
+{
+	int			occurred_at;
+	int			object_id;
+	int			status;
+	int			error;
+	int			details;
+	int			replica_id;
+	int			generation;
+	int			reported_at;
+	int			stale;
+} HistoryColumns;
+
+static int
+column_index(TupleDesc desc, const char *name)
+{
+	int			attnum = SPI_fnumber(desc, name);
+
+	if (attnum <= 0)
+		elog(ERROR, "status_history: column \"%s\" is missing from the history", name);
+	return attnum - 1;
+}
+
+static void
+history_columns(TupleDesc desc, HistoryColumns *cols)
+{
+	cols->occurred_at = column_index(desc, "occurred_at");
+	cols->object_id = column_index(desc, "object_id");
+	cols->status = column_index(desc, "status");
+	cols->error = column_index(desc, "error");
+	cols->details = column_index(desc, "details");
+	cols->replica_id = column_index(desc, "replica_id");
+	cols->generation = column_index(desc, "generation");
+	cols->reported_at = column_index(desc, "reported_at");
+	cols->stale = column_index(desc, "stale");
+}
+
+/* Refuse a call that is not a row-level BEFORE trigger of the given event. */
+static void
+check_trigger_call(FunctionCallInfo fcinfo, const char *funcname)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+
+	if (!CALLED_AS_TRIGGER(fcinfo))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("%s: not called by trigger manager", funcname)));
+	if (!TRIGGER_FIRED_BEFORE(trigdata->tg_event))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("%s: must be fired before the event", funcname)));
+}
+
+/* A short, encoding-safe excerpt of a possibly huge value for messages. */
+static char *
+excerpt(text *value)
+{
+	char	   *s = VARDATA_ANY(value);
+	int			len = VARSIZE_ANY_EXHDR(value);
+
+	return pnstrdup(s, pg_mbcliplen(s, len, Min(len, 64)));
+}
+
+/* Refuse anything that is not a valid report; messages say how to fix it. */
+static void
+validate_report(Datum *values, bool *nulls, const HistoryColumns *cols)
+{
+	text	   *status;
+	int			len;
+
+	if (nulls[cols->object_id])
+		ereport(ERROR,
+				(errcode(ERRCODE_NOT_NULL_VIOLATION),
+				 errmsg("object_id must not be null"),
+				 errhint("Every report names the object it is about.")));
+	if (VARSIZE_ANY_EXHDR(DatumGetPointer(values[cols->object_id])) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("object_id must not be empty"),
+				 errhint("Every report names the object it is about.")));
+	if (nulls[cols->status])
+		ereport(ERROR,
+				(errcode(ERRCODE_NOT_NULL_VIOLATION),
+				 errmsg("status must not be null"),
+				 errhint("Use one of starting, running, paused, stalled, ceased, dropped.")));
+	status = DatumGetTextPP(values[cols->status]);
+	len = VARSIZE_ANY_EXHDR(status);
+	for (int i = 0; i < lengthof(known_statuses); i++)
+		if (len == strlen(known_statuses[i]) &&
+			memcmp(VARDATA_ANY(status), known_statuses[i], len) == 0)
+			goto status_ok;
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("invalid status \"%s\"", excerpt(status)),
+			 errhint("Use one of starting, running, paused, stalled, ceased, dropped.")));
+status_ok:
+	values[cols->status] = PointerGetDatum(status);
+
+	if (nulls[cols->generation])
+		ereport(ERROR,
+				(errcode(ERRCODE_NOT_NULL_VIOLATION),
+				 errmsg("generation must not be null"),
+				 errhint("Omit generation to report with generation 0.")));
+	if (DatumGetInt64(values[cols->generation]) < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("generation must not be negative, got " INT64_FORMAT,
+						DatumGetInt64(values[cols->generation])),
+				 errhint("Generations start at 0 and only grow.")));
+}
+
+/* Only the owner may supply occurred_at, and only a finite one. */
+static void
+check_imported_stamp(Relation rel, TimestampTz stamp)
+{
+	if (!pg_class_ownercheck(RelationGetRelid(rel), GetUserId()))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("only the owner of status_history.history may supply occurred_at"),
+				 errdetail("occurred_at is assigned by the database clock."),
+				 errhint("Leave occurred_at out; put the reporter's own time in reported_at.")));
+	if (TIMESTAMP_NOT_FINITE(stamp))
+		ereport(ERROR,
+				(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
+				 errmsg("occurred_at must be finite"),
+				 errhint("Import the report with the time it actually occurred.")));
+}
+
+/* Gather what objects.c needs to store a current report. */
+static void
+fill_report(ShReport *report, Datum *values, bool *nulls, const HistoryColumns *cols)
+{
+	report->object_id = values[cols->object_id];
+	report->status = values[cols->status];
+	report->error = values[cols->error];
+	report->error_null = nulls[cols->error];
+	report->details = values[cols->details];
+	report->details_null = nulls[cols->details];
+	report->replica_id = values[cols->replica_id];
+	report->replica_null = nulls[cols->replica_id];
+	report->reported_at = values[cols->reported_at];
+	report->reported_null = nulls[cols->reported_at];
+	report->generation = DatumGetInt64(values[cols->generation]);
+}
+
+/* SQL: BEFORE INSERT FOR EACH ROW on status_history.history */
+Datum
+status_history_insert_trigger(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+	Relation	rel;
+	TupleDesc	desc;
+	HistoryColumns cols;
+	Datum	   *values;
+	bool	   *nulls;
+	bool		imported;
+	bool		stale;
+	ShReport	report;
+	ShObjectState state;
+	ShSavedUser saved;
+
+	check_trigger_call(fcinfo, "history_insert_trigger");
+	if (!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) ||
+		!TRIGGER_FIRED_BY_INSERT(trigdata->tg_event))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("history_insert_trigger: must be fired for each row on insert")));
+
+	rel = trigdata->tg_relation;
+	desc = RelationGetDescr(rel);
+	history_columns(desc, &cols);
+	values = palloc(desc->natts * sizeof(Datum));
+	nulls = palloc(desc->natts * sizeof(bool));
+	heap_deform_tuple(trigdata->tg_trigtuple, desc, values, nulls);
+
+	validate_report(values, nulls, &cols);
+	imported = !nulls[cols.occurred_at];
+	if (imported)
+		check_imported_stamp(rel, DatumGetTimestampTz(values[cols.occurred_at]));
+	fill_report(&report, values, nulls, &cols);
+
+	SPI_connect();
+	sh_become_owner(RelationGetRelid(rel), &saved);
+
+	/* Lock first, then stamp: stamp order is commit order per object. */
+	sh_objects_lock(report.object_id, &state);
+	if (imported)
+	{
+		report.occurred_at = DatumGetTimestampTz(values[cols.occurred_at]);
+		sh_clock_observe(report.occurred_at);
+	}
+	else
+		report.occurred_at = sh_clock_next();
+
+	stale = (!nulls[cols.stale] && DatumGetBool(values[cols.stale])) ||
+		report.generation < state.fence ||
+		(state.has_current && strcmp(state.status, "dropped") == 0);
+
+	if (!stale && (!state.has_current || report.occurred_at > state.current_at))
+	{
+		bool		same_status = state.has_current &&
+			strcmp(state.status, TextDatumGetCString(report.status)) == 0;
+
+		sh_objects_set_current(&report,
+							   same_status ? state.status_since : report.occurred_at);
+	}
+
+	sh_restore_user(&saved);
+	SPI_finish();
+
+	values[cols.occurred_at] = TimestampTzGetDatum(report.occurred_at);
+	nulls[cols.occurred_at] = false;
+	values[cols.stale] = BoolGetDatum(stale);
+	nulls[cols.stale] = false;
+	return PointerGetDatum(heap_form_tuple(desc, values, nulls));
+}
+
+/* SQL: BEFORE UPDATE OR DELETE OR TRUNCATE FOR EACH STATEMENT */
+Datum
+status_history_refuse_change(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+	const char *what;
+
+	check_trigger_call(fcinfo, "history_refuse_change");
+	if (TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event))
+		what = "UPDATE";
+	else if (TRIGGER_FIRED_BY_DELETE(trigdata->tg_event))
+		what = "DELETE";
+	else
+		what = "TRUNCATE";
+
+	ereport(ERROR,
+			(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+			 errmsg("status_history.history is append-only"),
+			 errdetail("%s would change or remove recorded reports.", what),
+			 errhint("Append a new report with status_history.report() instead.")));
+	PG_RETURN_NULL();
+}

@@ -1,0 +1,78 @@
+/*
+ * module.c — loading status_history, and the helpers every file shares:
+ * finding the extension's relations and running SPI as their owner.
+ *
+ * Reporters need only INSERT on status_history.history; the per-object state
+ * and the clock's persisted bound belong to the extension owner.  The C code
+ * switches to that owner around its own fully-qualified SPI statements, the
+ * way PostgreSQL's RI triggers do, instead of granting those tables to anyone.
+ */
+#include "postgres.h"
+
+#include "access/htup_details.h"
+#include "catalog/namespace.h"
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "catalog/pg_class.h"
+#include "utils/lsyscache.h"
+#include "utils/syscache.h"
+
+#include "status_history.h"
+
+PG_MODULE_MAGIC;
+
+void		_PG_init(void);
+
+/* Set up the clock's shared memory hooks when preloaded; nothing else to do. */
+void
+_PG_init(void)
+{
+	sh_clock_init();
+}
+
+/* The OID of status_history.<relname>; errors clearly when it is missing. */
+Oid
+sh_relation_oid(const char *relname)
+{
+	Oid			nsp = get_namespace_oid(SH_SCHEMA, true);
+	Oid			relid = OidIsValid(nsp) ? get_relname_relid(relname, nsp) : InvalidOid;
+
+	if (!OidIsValid(relid))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_TABLE),
+				 errmsg("relation \"%s.%s\" does not exist", SH_SCHEMA, relname),
+				 errhint("Run CREATE EXTENSION status_history in this database.")));
+	return relid;
+}
+
+/* The owner of a relation, read from the syscache. */
+static Oid
+relation_owner(Oid relid)
+{
+	HeapTuple	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
+	Oid			owner;
+
+	if (!HeapTupleIsValid(tup))
+		elog(ERROR, "cache lookup failed for relation %u", relid);
+	owner = ((Form_pg_class) GETSTRUCT(tup))->relowner;
+	ReleaseSysCache(tup);
+	return owner;
+}
+
+/* Run as the owner of relid until sh_restore_user; errors restore it too. */
+void
+sh_become_owner(Oid relid, ShSavedUser *saved)
+{
+	Oid			owner = relation_owner(relid);
+
+	GetUserIdAndSecContext(&saved->userid, &saved->sec_context);
+	SetUserIdAndSecContext(owner,
+						   saved->sec_context | SECURITY_LOCAL_USERID_CHANGE |
+						   SECURITY_NOFORCE_RLS);
+}
+
+void
+sh_restore_user(const ShSavedUser *saved)
+{
+	SetUserIdAndSecContext(saved->userid, saved->sec_context);
+}
