@@ -15,7 +15,11 @@ DATA       = $(wildcard sql/$(EXTENSION)--*--*.sql)
 
 # pg_regress inputs are every sql/*.sql that is not an install or upgrade script.
 REGRESS      = $(filter-out $(EXTENSION)%,$(patsubst sql/%.sql,%,$(wildcard sql/*.sql)))
-REGRESS_OPTS = --inputdir=. --load-extension=$(EXTENSION)
+REGRESS_OPTS = --inputdir=.
+
+# Isolation specs (concurrency with a fixed interleaving) live under test/.
+ISOLATION      = $(patsubst test/specs/%.spec,%,$(wildcard test/specs/*.spec))
+ISOLATION_OPTS = --inputdir=test
 
 PG_CFLAGS  = -Wall -Wextra -Werror -Wno-unused-parameter -Wno-sign-compare -Wno-missing-field-initializers
 EXTRA_CLEAN = sql/$(EXTENSION)--$(EXTVERSION).sql
