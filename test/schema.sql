@@ -1,0 +1,131 @@
+-- pgTAP: the objects CREATE EXTENSION makes, their comments, privileges and
+-- pinned search_path, and immunity to a hostile search_path.
+\set ON_ERROR_STOP 1
+\set QUIET 1
+\pset format unaligned
+\pset tuples_only true
+\pset pager off
+BEGIN;
+CREATE EXTENSION IF NOT EXISTS pgtap;
+-- Install under a hostile search_path: the script must not care.
+CREATE SCHEMA evil;
+SET search_path = evil, public;
+CREATE EXTENSION status_history;
+RESET search_path;
+SELECT plan(37);
+
+SELECT has_schema('status_history');
+SELECT has_table('status_history', 'history', 'history table exists');
+SELECT has_table('status_history', 'objects', 'objects table exists');
+SELECT has_view('status_history', 'statuses', 'statuses view exists');
+SELECT has_sequence('status_history', 'clock_bound', 'clock bound sequence exists');
+
+-- The columns of the history, in this order, with these types.
+SELECT is(
+    (SELECT string_agg(format('%s %s%s', attname, format_type(atttypid, atttypmod),
+                              CASE WHEN attnotnull THEN ' not null' ELSE '' END), ', ' ORDER BY attnum)
+       FROM pg_attribute
+      WHERE attrelid = 'status_history.history'::regclass AND attnum > 0 AND NOT attisdropped),
+    'occurred_at timestamp with time zone not null, object_id text not null, status text not null, '
+    'error text, details jsonb, replica_id text, generation bigint not null, '
+    'reported_at timestamp with time zone, stale boolean not null',
+    'history columns in order, with types and NOT NULL');
+SELECT col_default_is('status_history', 'history', 'generation', '0', 'generation defaults to 0');
+SELECT col_default_is('status_history', 'history', 'stale', 'false', 'stale defaults to false');
+SELECT col_is_pk('status_history', 'history', 'occurred_at', 'stamps are unique');
+SELECT has_index('status_history', 'history', 'history_object_idx', ARRAY['object_id', 'occurred_at'],
+                 'per-object index on the history');
+SELECT col_is_pk('status_history', 'objects', 'object_id', 'one state row per object');
+
+SELECT columns_are('status_history', 'statuses',
+    ARRAY['object_id', 'status', 'error', 'details', 'replica_id', 'generation',
+          'occurred_at', 'status_since', 'reported_at', 'fence'],
+    'statuses has the documented columns');
+
+SELECT has_function('status_history', 'monotonic_now', '{}'::name[]);
+SELECT function_returns('status_history', 'monotonic_now', '{}'::name[], 'timestamp with time zone');
+SELECT function_lang_is('status_history', 'monotonic_now', '{}'::name[], 'c', 'the clock is C');
+SELECT has_function('status_history', 'report',
+    ARRAY['text', 'text', 'text', 'jsonb', 'text', 'bigint', 'timestamp with time zone']);
+SELECT function_returns('status_history', 'report',
+    ARRAY['text', 'text', 'text', 'jsonb', 'text', 'bigint', 'timestamp with time zone'], 'status_history.history');
+SELECT has_function('status_history', 'latest', ARRAY['text[]', 'boolean']);
+SELECT function_returns('status_history', 'latest', ARRAY['text[]', 'boolean'], 'setof status_history.history');
+SELECT function_lang_is('status_history', 'latest', ARRAY['text[]', 'boolean'], 'c', 'latest() is C');
+SELECT has_function('status_history', 'reconnect', ARRAY['bigint', 'text', 'text[]']);
+SELECT function_returns('status_history', 'reconnect', ARRAY['bigint', 'text', 'text[]'], 'setof status_history.history');
+SELECT is_definer('status_history', 'reconnect', ARRAY['bigint', 'text', 'text[]'],
+                  'reconnect() runs as the owner, for controllers granted EXECUTE');
+SELECT trigger_is('status_history', 'history', 'history_insert', 'status_history', 'history_insert_trigger');
+SELECT trigger_is('status_history', 'history', 'history_refuse_change', 'status_history', 'history_refuse_change');
+SELECT function_lang_is('status_history', 'history_insert_trigger', '{}'::name[], 'c', 'insert trigger is C');
+SELECT function_lang_is('status_history', 'history_refuse_change', '{}'::name[], 'c', 'refusing trigger is C');
+SELECT is(
+    (SELECT string_agg(format('%s=%s', tgname, tgenabled), ', ' ORDER BY tgname)
+       FROM pg_trigger WHERE tgrelid = 'status_history.history'::regclass),
+    'history_insert=A, history_refuse_change=A',
+    'triggers fire ALWAYS, also under session_replication_role = replica');
+
+-- Every object and every column carries a comment.
+SELECT is_empty(
+    $$SELECT pg_describe_object(d.classid, d.objid, 0)
+        FROM pg_depend d
+       WHERE d.refclassid = 'pg_extension'::regclass
+         AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'status_history')
+         AND d.deptype = 'e'
+         AND obj_description(d.objid, (SELECT relname FROM pg_class WHERE oid = d.classid)) IS NULL$$,
+    'every extension object has a comment');
+SELECT is_empty(
+    $$SELECT c.relname || '.' || a.attname
+        FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+       WHERE c.relnamespace = 'status_history'::regnamespace AND c.relkind IN ('r', 'v')
+         AND a.attnum > 0 AND NOT a.attisdropped
+         AND col_description(c.oid, a.attnum) IS NULL$$,
+    'every column has a comment');
+
+-- Every function pins search_path.
+SELECT is_empty(
+    $$SELECT p.oid::regprocedure::text FROM pg_proc p
+       WHERE p.pronamespace = 'status_history'::regnamespace
+         AND NOT coalesce('search_path=pg_catalog, pg_temp' = ANY (p.proconfig), false)$$,
+    'every function pins search_path');
+
+-- Privileges: readers may read; only granted roles write or fence.
+SELECT function_privs_are('status_history', 'reconnect', ARRAY['bigint', 'text', 'text[]'],
+                          'public', '{}', 'reconnect() is not executable by PUBLIC');
+SELECT function_privs_are('status_history', 'latest', ARRAY['text[]', 'boolean'],
+                          'public', ARRAY['EXECUTE'], 'latest() is executable by PUBLIC');
+SELECT table_privs_are('status_history', 'history', 'public', ARRAY['SELECT'],
+                       'PUBLIC may read the history but not write it');
+SELECT table_privs_are('status_history', 'statuses', 'public', ARRAY['SELECT'],
+                       'PUBLIC may read statuses');
+SELECT sequence_privs_are('status_history', 'clock_bound', 'public', '{}',
+                          'PUBLIC cannot move the clock bound');
+
+-- A hostile search_path with look-alike objects changes nothing.
+CREATE FUNCTION evil.hijack(text, text) RETURNS boolean LANGUAGE plpgsql AS
+    $$BEGIN RAISE EXCEPTION 'hijacked'; END$$;
+CREATE OPERATOR evil.= (LEFTARG = text, RIGHTARG = text, FUNCTION = evil.hijack);
+CREATE OPERATOR evil.<> (LEFTARG = text, RIGHTARG = text, FUNCTION = evil.hijack);
+CREATE FUNCTION evil.unnest(anyarray) RETURNS SETOF text LANGUAGE plpgsql AS
+    $$BEGIN RAISE EXCEPTION 'hijacked'; END$$;
+CREATE FUNCTION evil.max(timestamptz) RETURNS timestamptz LANGUAGE plpgsql AS
+    $$BEGIN RAISE EXCEPTION 'hijacked'; END$$;
+CREATE TABLE evil.objects (object_id text, fence bigint);
+-- Run under the hostile path (pgTAP itself would be hijacked there), then check.
+SET search_path = evil, pg_catalog;
+CREATE TEMP TABLE hostile AS
+SELECT 1 AS step, (SELECT r.status FROM status_history.report('h1', 'running', replica_id => 'r') AS r) AS result
+UNION ALL
+SELECT 2, (SELECT r.status || ' ' || r.generation FROM status_history.reconnect(1, 'r', ARRAY['h1']) AS r);
+INSERT INTO hostile
+SELECT 3, l.status || ' ' || l.generation FROM status_history.latest(ARRAY['h1']) AS l;
+INSERT INTO hostile
+SELECT 4, s.status FROM status_history.statuses AS s;
+RESET search_path;
+SELECT results_eq('SELECT step, result FROM hostile ORDER BY step',
+                  $$VALUES (1, 'running'), (2, 'running 1'), (3, 'running 1'), (4, 'running')$$,
+                  'report, reconnect, latest and statuses ignore a hostile search_path');
+
+SELECT * FROM finish();
+ROLLBACK;
