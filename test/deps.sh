@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs, from Debian's packages, whatever the build, tests, demo and
+# benchmarks need and this machine lacks.  Sourced by the other scripts.
+set -euo pipefail
+
+sh_packages=(
+    make gcc
+    postgresql-15 postgresql-server-dev-15 postgresql-common postgresql-contrib
+    postgresql-15-pgtap libtap-parser-sourcehandler-pgtap-perl libipc-run-perl
+)
+
+sh_missing=()
+for p in "${sh_packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || sh_missing+=("$p")
+done
+if [ ${#sh_missing[@]} -gt 0 ]; then
+    echo "== installing: ${sh_missing[*]}"
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${sh_missing[@]}" >/dev/null
+fi
+export PATH="/usr/lib/postgresql/15/bin:$PATH"
+export PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
+
+# Build and install the extension into the server's directories.
+sh_build_install() {
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    make -s PG_CONFIG="$PG_CONFIG" >/dev/null
+    $sudo make -s PG_CONFIG="$PG_CONFIG" install >/dev/null
+}

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The whole test suite on a throw-away cluster:
+#   pg_regress (sql/, expected/), isolation specs (test/specs/),
+#   pgTAP (test/*.sql, via pg_prove), and the TAP tests that start, crash
+#   and promote their own servers (test/t/*.pl, run as the postgres user).
+# Installs what it needs first.  Exits non-zero when any test fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source test/deps.sh
+sh_build_install
+
+passed=0
+failed=0
+# Count one suite's outcome.
+suite() { if [ "$1" -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi; }
+
+echo "== pg_regress, isolation and pgTAP on a throw-away cluster"
+# Each suite writes its exit code to a file, so one failing does not hide the others.
+results=$(mktemp -d)
+chmod 777 "$results"
+pg_virtualenv -v 15 sh -c "
+    make -s PG_CONFIG=$PG_CONFIG installcheck
+    echo \$? > $results/regress
+    [ -f regression.diffs ] && cat regression.diffs
+    [ -f output_iso/regression.diffs ] && cat output_iso/regression.diffs
+    psql -X -q -c 'CREATE DATABASE sh_tap' postgres &&
+    pg_prove -d sh_tap test/*.sql
+    echo \$? > $results/pgtap
+    true
+" || true
+for s in regress pgtap; do suite "$(cat "$results/$s" 2>/dev/null || echo 1)"; done
+
+echo "== TAP tests with their own servers (as postgres)"
+test/tap.sh
+suite $?
+
+rm -rf "$results"
+echo "suites: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,167 @@
+# Helpers shared by the TAP tests: a concurrent workload run with pgbench,
+# and the invariants checked after it (and after every crash).
+package ShTest;
+
+use strict;
+use warnings;
+use IPC::Run;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+# Long versions under SH_STRESS=1 (make stress), short ones in every CI run.
+our $STRESS = ($ENV{SH_STRESS} // 0) ? 1 : 0;
+
+# Tables and functions the workload and the checks use, beside the extension.
+sub setup_workload
+{
+	my ($node, $objects) = @_;
+	$node->safe_psql('postgres', qq{
+		CREATE EXTENSION IF NOT EXISTS status_history;
+		CREATE SEQUENCE gen_seq;
+		-- What every successful reconnect() appended, committed with it.
+		CREATE TABLE fence_log (generation bigint, object_id text, occurred_at timestamptz);
+		CREATE FUNCTION sh_test_reconnect() RETURNS void LANGUAGE plpgsql AS \$\$
+		DECLARE g bigint := nextval('gen_seq');
+		BEGIN
+			INSERT INTO fence_log
+			SELECT g, r.object_id, r.occurred_at FROM status_history.reconnect(g) AS r;
+		EXCEPTION WHEN object_not_in_prerequisite_state THEN
+			NULL;  -- a concurrent newer reconnect won: this controller is superseded
+		END \$\$;
+	});
+	my $dir = PostgreSQL::Test::Utils::tempdir();
+	# Reporters lag the newest generation by 0 or 1, so some reports are stale.
+	write_file("$dir/report.sql", qq{
+\\set obj random(1, $objects)
+\\set st random(1, 5)
+\\set lag random(0, 1)
+SELECT status_history.report('obj-' || :obj,
+       (ARRAY['starting','running','paused','stalled','ceased'])[:st],
+       NULL, NULL, 'w' || :client_id,
+       (SELECT greatest(last_value - :lag, 0) FROM gen_seq));
+});
+	write_file("$dir/drop.sql", qq{
+\\set obj random(1, $objects)
+SELECT status_history.report('obj-' || :obj, 'dropped');
+});
+	write_file("$dir/reconnect.sql", "SELECT sh_test_reconnect();\n");
+	return $dir;
+}
+
+sub write_file
+{
+	my ($path, $text) = @_;
+	open my $fh, '>', $path or die "cannot write $path: $!";
+	print $fh $text;
+	close $fh;
+}
+
+# Start pgbench in the background; returns a handle for finish_load.
+sub start_load
+{
+	my ($node, $dir, $clients, $seconds) = @_;
+	my %h = (out => '', err => '');
+	$h{run} = IPC::Run::start(
+		[
+			'pgbench', '-n', '-h', $node->host, '-p', $node->port,
+			'-c', $clients, '-j', 2, '-T', $seconds,
+			'-f', "$dir/report.sql\@400", '-f', "$dir/drop.sql\@1",
+			'-f', "$dir/reconnect.sql\@4", 'postgres'
+		],
+		'>', \$h{out}, '2>', \$h{err});
+	return \%h;
+}
+
+# Wait for pgbench; returns the reports it saw succeed (report + drop scripts).
+sub finish_load
+{
+	my ($h) = @_;
+	$h->{run}->finish;
+	my @counts = $h->{out} =~ /^ - (\d+) transactions/mg;
+	if (@counts < 3)
+	{
+		# The server died before pgbench could report per-script counts.
+		diag("pgbench printed no per-script counts:\n$h->{out}\n$h->{err}");
+		return 0;
+	}
+	return $counts[0] + $counts[1];
+}
+
+# kill -9 the postmaster, then start again once its children are gone.
+sub crash_and_restart
+{
+	my ($node) = @_;
+	$node->kill9;
+	for my $try (1 .. 30)
+	{
+		sleep 1;
+		return if $node->start(fail_ok => 1);
+		$node->{_pid} = undef;    # a failed start read the dead server's pid file
+	}
+	BAIL_OUT('the server did not come back after kill -9');
+}
+
+sub one
+{
+	my ($node, $sql) = @_;
+	return $node->safe_psql('postgres', $sql);
+}
+
+# Every invariant of the contract, checked on the data as it stands.
+# $acked: reports the client saw succeed; $exact: no crash, so none in doubt.
+sub check_invariants
+{
+	my ($node, $label, $acked, $exact) = @_;
+	my $rows = one($node, 'SELECT count(*) FROM status_history.history');
+	my $restamps = one($node, 'SELECT count(*) FROM fence_log');
+	my $reports = $rows - $restamps;
+
+	is(one($node, 'SELECT count(*) - count(DISTINCT occurred_at) FROM status_history.history'),
+		0, "$label: no two of $rows rows share an occurred_at");
+	if ($exact)
+	{
+		is($reports, $acked, "$label: all $acked acknowledged reports are in the history");
+	}
+	else
+	{
+		cmp_ok($reports, '>=', $acked,
+			"$label: all $acked acknowledged reports are in the history ($reports committed)");
+	}
+	is( one($node, q{
+			SELECT count(*) FROM (
+				SELECT pg_xact_commit_timestamp(xmin) AS ct,
+				       lag(pg_xact_commit_timestamp(xmin))
+				           OVER (PARTITION BY object_id ORDER BY occurred_at) AS prev
+				  FROM status_history.history) AS x
+			 WHERE ct < prev}),
+		0, "$label: per object, stamp order is commit order");
+	is( one($node, q{
+			SELECT count(*) FROM (
+				(SELECT * FROM status_history.latest(include_dropped => true)
+				 EXCEPT SELECT DISTINCT ON (object_id) * FROM status_history.history
+				         WHERE NOT stale ORDER BY object_id, occurred_at DESC)
+				UNION ALL
+				(SELECT DISTINCT ON (object_id) * FROM status_history.history
+				  WHERE NOT stale ORDER BY object_id, occurred_at DESC
+				 EXCEPT SELECT * FROM status_history.latest(include_dropped => true))) AS x}),
+		0, "$label: latest() equals brute force over "
+		  . one($node, 'SELECT count(DISTINCT object_id) FROM status_history.history') . " objects");
+	my $fenced = one($node, 'SELECT count(*) FROM fence_log');
+	is( one($node, q{
+			SELECT count(*) FROM status_history.history AS h
+			  JOIN fence_log AS f ON f.object_id = h.object_id AND h.occurred_at > f.occurred_at
+			 WHERE NOT h.stale AND h.generation < f.generation}),
+		0, "$label: no non-stale row below the fence in force ($fenced re-stamps checked)");
+	is( one($node, q{
+			SELECT count(*) FROM status_history.statuses AS s
+			  FULL JOIN (SELECT * FROM status_history.latest()) AS l USING (object_id)
+			 WHERE s.occurred_at IS DISTINCT FROM l.occurred_at}),
+		0, "$label: statuses agrees with latest()");
+	is( one($node, q{
+			SELECT (SELECT status_history.monotonic_now()) > max(occurred_at)
+			  FROM status_history.history}),
+		't', "$label: new stamps are above every stamp in the table");
+	return $rows;
+}
+
+1;

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Runs the TAP tests in test/t/ with PostgreSQL's own framework
+# (PostgreSQL::Test::Cluster).  They start, kill and promote their own servers,
+# which PostgreSQL refuses to do as root, so as root they run as postgres in a
+# scratch directory that user can write.  SH_STRESS=1 runs the long versions.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+pgxs=$(dirname "$(/usr/lib/postgresql/15/bin/pg_config --pgxs)")
+perl_lib="$pgxs/../test/perl"
+scratch=$(mktemp -d /tmp/status_history_tap.XXXXXX)
+trap 'rm -rf "$scratch"' EXIT
+
+run=()
+if [ "$(id -u)" -eq 0 ]; then
+    chown postgres "$scratch"
+    run=(runuser -u postgres --)
+fi
+cd "$scratch"
+"${run[@]}" env PATH="/usr/lib/postgresql/15/bin:$PATH" TESTDIR="$scratch" \
+    PG_REGRESS="$pgxs/../test/regress/pg_regress" SH_STRESS="${SH_STRESS:-0}" \
+    prove -I "$perl_lib" -I "$root/test/t" ${PROVE_FLAGS:-} "$root"/test/t/*.pl
