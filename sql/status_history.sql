@@ -219,8 +219,8 @@ DECLARE
     new_generation CONSTANT bigint := $1;
     by_replica     CONSTANT text   := $2;
     listed         CONSTANT text[] := $3;
-    scope          text[];
-    everything     boolean := false;
+    candidates     text[];     -- NULL: every object
+    scope          text[];     -- the locked objects in scope
     blocker        record;
 BEGIN
     IF new_generation IS NULL THEN
@@ -249,35 +249,41 @@ BEGIN
                   HINT = 'Pass NULL to reconnect without naming a replica.';
     END IF;
 
-    -- The scope: listed objects, else those the replica reported on, else all.
+    -- One reconnect at a time; reports go on meanwhile (they take weaker locks).
+    LOCK TABLE status_history.objects IN SHARE UPDATE EXCLUSIVE MODE;
+
+    -- Candidates: listed objects, else those the replica reported on, else all.
     IF listed IS NOT NULL THEN
-        SELECT pg_catalog.array_agg(DISTINCT l.id ORDER BY l.id)
-          INTO scope
+        SELECT pg_catalog.array_agg(DISTINCT l.id)
+          INTO candidates
           FROM pg_catalog.unnest(listed) AS l(id);
         -- A listed object that never reported still gets a fence.
         INSERT INTO status_history.objects (object_id)
-        SELECT s.id FROM pg_catalog.unnest(scope) AS s(id)
+        SELECT c.id FROM pg_catalog.unnest(candidates) AS c(id) ORDER BY c.id
             ON CONFLICT (object_id) DO NOTHING;
+        candidates := COALESCE(candidates, '{}');
     ELSIF by_replica IS NOT NULL THEN
-        SELECT pg_catalog.array_agg(DISTINCT h.object_id ORDER BY h.object_id)
-          INTO scope
+        SELECT COALESCE(pg_catalog.array_agg(DISTINCT h.object_id), '{}')
+          INTO candidates
           FROM status_history.history AS h
          WHERE h.replica_id OPERATOR(pg_catalog.=) by_replica;
-    ELSE
-        everything := true;
     END IF;
-    scope := COALESCE(scope, '{}');
 
-    -- Lock the objects in a fixed order, so concurrent reconnects cannot deadlock.
-    PERFORM 1
-       FROM status_history.objects AS o
-      WHERE everything OR o.object_id OPERATOR(pg_catalog.=) ANY (scope)
-      ORDER BY o.object_id
-        FOR UPDATE;
+    -- Lock the scope in a fixed order (concurrent reports and reconnects cannot
+    -- deadlock) and fix it: an object created after this is not in scope, so
+    -- every object re-stamped below is also one whose fence is raised.
+    SELECT COALESCE(pg_catalog.array_agg(l.object_id), '{}')
+      INTO scope
+      FROM (SELECT o.object_id
+              FROM status_history.objects AS o
+             WHERE candidates IS NULL
+                OR o.object_id OPERATOR(pg_catalog.=) ANY (candidates)
+             ORDER BY o.object_id
+               FOR UPDATE) AS l;
 
     SELECT o.object_id, o.fence INTO blocker
       FROM status_history.objects AS o
-     WHERE (everything OR o.object_id OPERATOR(pg_catalog.=) ANY (scope))
+     WHERE o.object_id OPERATOR(pg_catalog.=) ANY (scope)
        AND o.fence OPERATOR(pg_catalog.>) new_generation
      ORDER BY o.fence DESC, o.object_id
      LIMIT 1;
@@ -291,7 +297,7 @@ BEGIN
 
     UPDATE status_history.objects AS o
        SET fence = new_generation
-     WHERE (everything OR o.object_id OPERATOR(pg_catalog.=) ANY (scope))
+     WHERE o.object_id OPERATOR(pg_catalog.=) ANY (scope)
        AND o.fence OPERATOR(pg_catalog.<) new_generation;
 
     -- Re-stamp the current status of every live object in scope.  The insert
@@ -306,7 +312,7 @@ BEGIN
                 SELECT o.object_id, o.status, o.error, o.details, o.replica_id, o.reported_at
                   FROM status_history.objects AS o
                  WHERE by_replica IS NULL
-                   AND (everything OR o.object_id OPERATOR(pg_catalog.=) ANY (scope))
+                   AND o.object_id OPERATOR(pg_catalog.=) ANY (scope)
                    AND o.occurred_at IS NOT NULL
                    AND o.status OPERATOR(pg_catalog.<>) 'dropped'
                 UNION ALL

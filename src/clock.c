@@ -244,7 +244,7 @@ clock_raise_bound(ClockSlot *slot, TimestampTz target)
 			DirectFunctionCall2(setval_oid, ObjectIdGetDatum(seqid), Int64GetDatum(target));
 			sh_restore_user(&saved);
 			/* Durable before any stamp below it is handed out. */
-			XLogFlush(GetXLogInsertRecPtr());
+			XLogFlush(XactLastRecEnd);
 
 			LWLockAcquire(&clock_shared->lock, LW_EXCLUSIVE);
 			slot->bound = Max(slot->bound, target);

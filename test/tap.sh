@@ -2,14 +2,18 @@
 # Runs the TAP tests in test/t/ with PostgreSQL's own framework
 # (PostgreSQL::Test::Cluster).  They start, kill and promote their own servers,
 # which PostgreSQL refuses to do as root, so as root they run as postgres in a
-# scratch directory that user can write.  SH_STRESS=1 runs the long versions.
+# scratch directory that user can write.  SH_STRESS=1 runs the long versions;
+# arguments name test files to run instead of all of them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
+tests=("$@")
+[ ${#tests[@]} -gt 0 ] || tests=("$root"/test/t/*.pl)
+for i in "${!tests[@]}"; do tests[$i]=$(realpath "${tests[$i]}"); done
 pgxs=$(dirname "$(/usr/lib/postgresql/15/bin/pg_config --pgxs)")
 perl_lib="$pgxs/../test/perl"
 scratch=$(mktemp -d /tmp/status_history_tap.XXXXXX)
-trap 'rm -rf "$scratch"' EXIT
+trap '[ -n "${SH_KEEP:-}" ] || rm -rf "$scratch"' EXIT
 
 run=()
 if [ "$(id -u)" -eq 0 ]; then
@@ -19,4 +23,4 @@ fi
 cd "$scratch"
 "${run[@]}" env PATH="/usr/lib/postgresql/15/bin:$PATH" TESTDIR="$scratch" \
     PG_REGRESS="$pgxs/../test/regress/pg_regress" SH_STRESS="${SH_STRESS:-0}" \
-    prove -I "$perl_lib" -I "$root/test/t" ${PROVE_FLAGS:-} "$root"/test/t/*.pl
+    prove -I "$perl_lib" -I "$root/test/t" ${PROVE_FLAGS:-} "${tests[@]}"
