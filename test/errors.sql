@@ -8,10 +8,15 @@
 BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
 CREATE EXTENSION status_history;
-SELECT plan(35);
+SELECT plan(39);
 
 SELECT lives_ok($$SELECT status_history.report('e1', 'running', generation => 2)$$, 'a valid report');
 SELECT lives_ok($$SELECT status_history.reconnect(3, object_ids => ARRAY['e1'])$$, 'a valid reconnect');
+-- Huge values: a 1 MB error text is stored intact.
+SELECT lives_ok($$SELECT status_history.report('big', 'stalled', error => (SELECT string_agg(md5(i::text), '') FROM generate_series(1, 32768) AS i))$$,
+                'a 1 MB error text is accepted');
+SELECT is((SELECT length(error) FROM status_history.statuses WHERE object_id = 'big'), 1048576,
+          'and stored intact');
 CREATE TEMP TABLE before_errors AS SELECT * FROM status_history.history;
 CREATE TEMP TABLE objects_before AS SELECT * FROM status_history.objects;
 
@@ -42,6 +47,10 @@ SELECT throws_ok($$INSERT INTO status_history.history (object_id, status, detail
                  '22P02', NULL, 'wrong types through plain INSERT are refused');
 SELECT throws_ok($$INSERT INTO status_history.history (occurred_at, object_id, status) VALUES ('-infinity', 'e1', 'running')$$,
                  '22008', 'occurred_at must be finite');
+
+-- An object id too large to index is refused.
+SELECT throws_ok($$SELECT status_history.report((SELECT string_agg(md5(i::text), '') FROM generate_series(1, 32768) AS i), 'running')$$,
+                 '54000', NULL, 'an object id too large to index is refused');
 
 -- Append-only.
 SELECT throws_ok($$UPDATE status_history.history SET error = 'x'$$,
@@ -84,6 +93,8 @@ SELECT throws_ok($$SELECT status_history.reconnect(9)$$,
 SELECT throws_ok($$UPDATE status_history.objects SET fence = 0$$,
                  '42501', 'permission denied for table objects');
 SELECT throws_ok($$ALTER TABLE status_history.history DISABLE TRIGGER history_refuse_change$$,
+                 '42501', 'must be owner of table history');
+SELECT throws_ok($$ALTER TABLE status_history.history ADD COLUMN sneaky text$$,
                  '42501', 'must be owner of table history');
 SELECT throws_ok($$SET session_replication_role = replica$$,
                  '42501', NULL, 'a reporter cannot switch triggers off with session_replication_role');

@@ -2,7 +2,8 @@
 # The whole test suite on a throw-away cluster:
 #   pg_regress (sql/, expected/), isolation specs (test/specs/),
 #   pgTAP (test/*.sql, via pg_prove), and the TAP tests that start, crash
-#   and promote their own servers (test/t/*.pl, run as the postgres user).
+#   and promote their own servers (test/t/*.pl, run as the postgres user),
+#   and the regression suites again under valgrind with a UBSan build.
 # Installs what it needs first.  Exits non-zero when any test fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,8 +32,10 @@ pg_virtualenv -v 15 sh -c "
 for s in regress pgtap; do suite "$(cat "$results/$s" 2>/dev/null || echo 1)"; done
 
 echo "== TAP tests with their own servers (as postgres)"
-test/tap.sh
-suite $?
+if test/tap.sh; then suite 0; else suite 1; fi
+
+echo "== C safety: regression and isolation suites under valgrind, library built with UBSan"
+if test/memcheck.sh; then suite 0; else suite 1; fi
 
 rm -rf "$results"
 echo "suites: $passed passed, $failed failed"

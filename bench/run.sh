@@ -1,0 +1,201 @@
+#!/usr/bin/env bash
+# make bench: every figure of docs/BENCHMARKS.md against its plain-SQL
+# baseline, both measured in the same run on the same throw-away cluster.
+#
+# Sizes are environment variables.  The defaults are scaled down to finish in
+# a few minutes on 2 cores; BENCH_FULL=1 uses the sizes the targets are stated
+# for (100k objects x 50 reports, 1M bulk rows), which takes longer.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+source test/deps.sh
+sh_build_install
+
+if [ "${BENCH_FULL:-0}" = 1 ]; then
+    : "${OBJECTS:=100000}" "${PER_OBJECT:=50}" "${BULK:=1000000}" "${GROWTH_OBJECTS:=10000}"
+else
+    : "${OBJECTS:=20000}" "${PER_OBJECT:=50}" "${BULK:=200000}" "${GROWTH_OBJECTS:=2000}"
+fi
+: "${GROWTH:=10}" "${DURATION:=5}" "${RUNS:=3}" "${REPS:=5}" "${CLIENTS:=8}"
+
+# --- a throw-away cluster, owned by postgres when run as root ---------------
+work=$(mktemp -d /tmp/status_history_bench.XXXXXX)
+chmod 755 "$work"
+as_pg() { if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+[ "$(id -u)" -eq 0 ] && chown postgres "$work"
+stop() { as_pg pg_ctl -D "$work/data" -m fast stop >/dev/null 2>&1 || true; [ -n "${BENCH_KEEP:-}" ] || rm -rf "$work"; }
+trap stop EXIT
+as_pg initdb -D "$work/data" -A trust >/dev/null
+cat >>"$work/data/postgresql.conf" <<EOF
+listen_addresses = ''
+port = 54340
+unix_socket_directories = '$work'
+shared_buffers = '2GB'
+max_wal_size = '16GB'
+checkpoint_timeout = '30min'
+synchronous_commit = off
+work_mem = '4MB'
+EOF
+as_pg pg_ctl -D "$work/data" -l "$work/server.log" -w start >/dev/null
+export PGHOST="$work" PGPORT=54340 PGUSER=postgres PGDATABASE=postgres
+q() { psql -X -q -At -v ON_ERROR_STOP=1 -c "$1"; }
+psql -X -q -v ON_ERROR_STOP=1 -f bench/setup.sql >/dev/null
+
+results="$work/results.tsv"
+: >"$results"
+# row OPERATION SIZE EXT BASE UNIT KIND TARGET
+#   KIND "rate": higher is better, ratio = ext / base must be >= TARGET
+#   KIND "time": lower is better,  ratio = ext / base must be <= TARGET
+row() {
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >>"$results"
+    printf '  %-52s %12s %12s %s\n' "$1 [$2]" "$3" "$4" "$5"
+}
+
+# Median tps of a pgbench script over RUNS runs, extension and baseline
+# alternating so that drift hits both alike.  Prints "ext base".
+tps_pair() {
+    local clients=$1 ext=$2 base=$3 e=() b=()
+    local jobs=$(( clients < 2 ? 1 : 2 ))
+    for _ in $(seq "$RUNS"); do
+        e+=("$(pgbench -n -c "$clients" -j "$jobs" -T "$DURATION" -f "$ext" 2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p')")
+        b+=("$(pgbench -n -c "$clients" -j "$jobs" -T "$DURATION" -f "$base" 2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p')")
+    done
+    echo "$(median "${e[@]}") $(median "${b[@]}")"
+}
+median() { printf '%s\n' "$@" | sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
+
+script() { printf '%s\n' "$2" >"$work/$1.sql"; echo "$work/$1.sql"; }
+statuses="(ARRAY['starting','running','paused','stalled','ceased'])"
+
+echo "== status_history benchmarks: $OBJECTS objects x $PER_OBJECT reports, bulk $BULK, pgbench ${DURATION}s x $RUNS runs"
+
+# --- 3. load the history, then the current status of every object ----------
+n=$((OBJECTS * PER_OBJECT))
+load_ext="INSERT INTO status_history.history (object_id, status, replica_id)
+          SELECT 'obj-' || (i % $OBJECTS), $statuses[1 + (i / $OBJECTS) % 5], 'r' || (i % 3)
+            FROM generate_series(0, $n - 1) AS i"
+load_base="INSERT INTO plain (occurred_at, object_id, status, replica_id)
+           SELECT clock_timestamp(), 'obj-' || (i % $OBJECTS), $statuses[1 + (i / $OBJECTS) % 5], 'r' || (i % 3)
+             FROM generate_series(0, $n - 1) AS i"
+echo "-- loading $n reports into each (timed as a bulk append)"
+e=$(q "SELECT bench_median_stmt_ms(\$\$$load_ext\$\$, 1)")
+b=$(q "SELECT bench_median_stmt_ms(\$\$$load_base\$\$, 1)")
+row "load: INSERT ... SELECT of all reports" "$n rows" "$e" "$b" ms time -
+q "INSERT INTO plain_pk SELECT object_id, status, occurred_at FROM status_history.statuses"
+q "VACUUM ANALYZE"
+
+e=$(q "SELECT bench_median_ms('SELECT * FROM status_history.statuses', $REPS)")
+b=$(q "SELECT bench_median_ms('SELECT DISTINCT ON (object_id) * FROM plain ORDER BY object_id, occurred_at DESC', $REPS)")
+row "3. current status of every object: statuses vs DISTINCT ON" "$OBJECTS x $PER_OBJECT" "$e" "$b" ms time 0.1
+e=$(q "SELECT bench_median_ms('SELECT * FROM status_history.latest()', $REPS)")
+row "3. current status of every object: latest() vs DISTINCT ON" "$OBJECTS x $PER_OBJECT" "$e" "$b" ms time 0.1
+
+# --- memory of latest() over the whole data set ----------------------------
+# Sample the backend's private (anonymous) resident memory every 5 ms while
+# latest() runs with work_mem = 4MB; shared buffers are not counted in RssAnon.
+cat >"$work/mem.sql" <<EOF
+\o $work/mem.pid
+SELECT pg_backend_pid();
+\o
+SELECT pg_sleep(0.5);
+SELECT count(*) FROM status_history.latest();
+SELECT pg_sleep(0.3);
+EOF
+rm -f "$work/mem.pid"
+psql -X -q -f "$work/mem.sql" >/dev/null &
+mempsql=$!
+while [ ! -s "$work/mem.pid" ]; do sleep 0.05; done
+pid=$(tr -dc 0-9 <"$work/mem.pid")
+idle=$(awk '/RssAnon/ {print $2}' "/proc/$pid/status")
+peak=$idle
+while kill -0 "$mempsql" 2>/dev/null && [ -e "/proc/$pid/status" ]; do
+    cur=$(awk '/RssAnon/ {print $2}' "/proc/$pid/status" 2>/dev/null || echo 0)
+    [ -n "$cur" ] && [ "$cur" -gt "$peak" ] && peak=$cur
+    sleep 0.005
+done
+wait "$mempsql" || true
+echo "  memory: latest() over $OBJECTS objects, work_mem 4MB: backend RssAnon idle ${idle} kB, peak ${peak} kB (+$((peak - idle)) kB)"
+echo "memory	$OBJECTS	$idle	$peak" >"$work/memory.tsv"
+
+# --- 3b. cost follows objects, not history -----------------------------------
+q "CREATE DATABASE growth"
+PGDATABASE=growth psql -X -q -v ON_ERROR_STOP=1 -f bench/setup.sql >/dev/null
+gq() { PGDATABASE=growth q "$1"; }
+gload() {   # gload FROM COUNT_PER_OBJECT
+    gq "INSERT INTO status_history.history (object_id, status)
+        SELECT 'g-' || (i % $GROWTH_OBJECTS), $statuses[1 + (i / $GROWTH_OBJECTS) % 5]
+          FROM generate_series(0, $GROWTH_OBJECTS * $1 - 1) AS i"
+    gq "INSERT INTO plain (occurred_at, object_id, status)
+        SELECT clock_timestamp(), 'g-' || (i % $GROWTH_OBJECTS), $statuses[1 + (i / $GROWTH_OBJECTS) % 5]
+          FROM generate_series(0, $GROWTH_OBJECTS * $1 - 1) AS i"
+    gq "VACUUM ANALYZE"
+}
+gload "$PER_OBJECT"
+e1=$(gq "SELECT bench_median_ms('SELECT * FROM status_history.statuses', $REPS)")
+b1=$(gq "SELECT bench_median_ms('SELECT DISTINCT ON (object_id) * FROM plain ORDER BY object_id, occurred_at DESC', $REPS)")
+gload $((PER_OBJECT * (GROWTH - 1)))
+e2=$(gq "SELECT bench_median_ms('SELECT * FROM status_history.statuses', $REPS)")
+b2=$(gq "SELECT bench_median_ms('SELECT DISTINCT ON (object_id) * FROM plain ORDER BY object_id, occurred_at DESC', $REPS)")
+row "3b. statuses with ${GROWTH}x history (vs itself at 1x)" "$GROWTH_OBJECTS x $((PER_OBJECT * GROWTH))" "$e2" "$e1" ms time 1.5
+row "3b. DISTINCT ON with ${GROWTH}x history (vs itself at 1x)" "$GROWTH_OBJECTS x $((PER_OBJECT * GROWTH))" "$b2" "$b1" ms time -
+q "DROP DATABASE growth"
+
+# --- 4. one object's current status ------------------------------------------
+ext=$(script point_ext "\\set obj random(0, $((OBJECTS - 1)))
+SELECT * FROM status_history.statuses WHERE object_id = 'obj-' || :obj;")
+base=$(script point_base "\\set obj random(0, $((OBJECTS - 1)))
+SELECT * FROM plain_pk WHERE object_id = 'obj-' || :obj;")
+read -r e b <<<"$(tps_pair 1 "$ext" "$base")"
+row "4. one object through statuses vs primary-key lookup (latency)" "$OBJECTS objects" \
+    "$(awk -v t="$e" 'BEGIN {printf "%.1f", 1e6 / t}')" "$(awk -v t="$b" 'BEGIN {printf "%.1f", 1e6 / t}')" us time 2
+
+# --- 7. the clock ---------------------------------------------------------------
+ext=$(script clock_ext "SELECT status_history.monotonic_now();")
+base=$(script clock_base "SELECT clock_timestamp();")
+for c in 1 "$CLIENTS"; do
+    read -r e b <<<"$(tps_pair "$c" "$ext" "$base")"
+    row "7. monotonic_now() vs clock_timestamp(), $c clients" "calls/s" "$e" "$b" tps rate -
+done
+
+# --- 1. append, one report per transaction ---------------------------------------
+ext=$(script append_ext "\\set obj random(0, $((OBJECTS - 1)))
+\\set st random(1, 5)
+SELECT status_history.report('obj-' || :obj, $statuses[:st], NULL, NULL, 'r1', 0);")
+base=$(script append_base "\\set obj random(0, $((OBJECTS - 1)))
+\\set st random(1, 5)
+INSERT INTO plain (occurred_at, object_id, status, replica_id) VALUES (clock_timestamp(), 'obj-' || :obj, $statuses[:st], 'r1');")
+for c in 1 "$CLIENTS"; do
+    read -r e b <<<"$(tps_pair "$c" "$ext" "$base")"
+    row "1. append: report() vs plain INSERT, $c clients" "tx/s" "$e" "$b" tps rate 0.7
+done
+
+# --- 5. reconnect() over every object ---------------------------------------------
+e=$(q "SELECT bench_median_stmt_ms('SELECT count(*) FROM status_history.reconnect(nextval(''bench_gen''))', $REPS)")
+b=$(q "SELECT bench_median_stmt_ms(\$\$INSERT INTO plain (occurred_at, object_id, status) SELECT clock_timestamp(), 'obj-' || i, 'running' FROM generate_series(0, $OBJECTS - 1) AS i\$\$, $REPS)")
+row "5. reconnect() vs INSERT ... SELECT of as many rows" "$OBJECTS objects" "$e" "$b" ms time 2
+
+# --- 2. bulk append ------------------------------------------------------------------
+e=$(q "SELECT bench_median_stmt_ms(\$\$INSERT INTO status_history.history (object_id, status)
+        SELECT 'bulk-' || (i % $OBJECTS), $statuses[1 + i % 5] FROM generate_series(0, $BULK - 1) AS i\$\$, 1)")
+b=$(q "SELECT bench_median_stmt_ms(\$\$INSERT INTO plain (occurred_at, object_id, status)
+        SELECT clock_timestamp(), 'bulk-' || (i % $OBJECTS), $statuses[1 + i % 5] FROM generate_series(0, $BULK - 1) AS i\$\$, 1)")
+row "2. bulk append in one INSERT ... SELECT" "$BULK rows" "$e" "$b" ms time 2
+
+# --- 6. prune ----------------------------------------------------------------------
+row "6. prune(5) vs DELETE with row_number()" "-" "-" "-" - n/a "not built"
+
+# --- the table ------------------------------------------------------------------------
+echo
+echo "| operation | size | extension | baseline | unit | ratio (ext/base) | target | met |"
+echo "|---|---|---:|---:|---|---:|---|---|"
+awk -F'\t' '{
+    op = $1; size = $2; e = $3; b = $4; unit = $5; kind = $6; target = $7
+    if (kind == "n/a") { printf "| %s | %s | - | - | - | - | %s | - |\n", op, size, target; next }
+    ratio = (b > 0) ? e / b : 0
+    if (target == "-") { t = "-"; met = "-" }
+    else if (kind == "rate") { t = ">= " target; met = (ratio >= target) ? "yes" : "NO" }
+    else { t = "<= " target; met = (ratio <= target) ? "yes" : "NO" }
+    printf "| %s | %s | %.1f | %.1f | %s | %.3f | %s | %s |\n", op, size, e, b, unit, ratio, t, met
+}' "$results"
+echo
+echo "memory: latest() over $OBJECTS objects with work_mem 4MB: backend private memory +$((peak - idle)) kB over idle"

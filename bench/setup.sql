@@ -1,0 +1,51 @@
+-- Benchmark setup: the extension, and the plain-SQL baseline a user would
+-- build by hand -- the same columns, an index on (object_id, occurred_at DESC),
+-- stamps from clock_timestamp(), and DISTINCT ON for the latest status.
+CREATE EXTENSION status_history;
+
+CREATE TABLE plain (
+    occurred_at timestamptz NOT NULL,
+    object_id   text        NOT NULL,
+    status      text        NOT NULL,
+    error       text,
+    details     jsonb,
+    replica_id  text,
+    generation  bigint      NOT NULL DEFAULT 0,
+    reported_at timestamptz,
+    stale       boolean     NOT NULL DEFAULT false
+);
+CREATE INDEX plain_object_idx ON plain (object_id, occurred_at DESC);
+
+-- A plain table keyed by object, for the primary-key lookup baseline.
+CREATE TABLE plain_pk (object_id text PRIMARY KEY, status text NOT NULL, occurred_at timestamptz NOT NULL);
+
+CREATE SEQUENCE bench_gen;
+
+-- Median wall time, in milliseconds, of running sql reps times on the server.
+-- count(*) over the query makes every row be produced without shipping it.
+CREATE FUNCTION bench_median_ms(sql text, reps int) RETURNS float8 LANGUAGE plpgsql AS $$
+DECLARE
+    t0 timestamptz;
+    times float8[] := '{}';
+BEGIN
+    FOR i IN 1 .. reps LOOP
+        t0 := clock_timestamp();
+        EXECUTE 'SELECT count(*) FROM (' || sql || ') AS q';
+        times := times || extract(epoch FROM clock_timestamp() - t0) * 1000;
+    END LOOP;
+    RETURN (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY t) FROM unnest(times) AS t);
+END $$;
+
+-- Median wall time of a statement that changes data (run reps times).
+CREATE FUNCTION bench_median_stmt_ms(sql text, reps int) RETURNS float8 LANGUAGE plpgsql AS $$
+DECLARE
+    t0 timestamptz;
+    times float8[] := '{}';
+BEGIN
+    FOR i IN 1 .. reps LOOP
+        t0 := clock_timestamp();
+        EXECUTE sql;
+        times := times || extract(epoch FROM clock_timestamp() - t0) * 1000;
+    END LOOP;
+    RETURN (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY t) FROM unnest(times) AS t);
+END $$;
