@@ -117,6 +117,15 @@ SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION status_history.history_insert_trigger() IS
     'Validates a report, serializes it per object, stamps it, marks it stale when fenced, and keeps the object''s current report.';
 
+CREATE FUNCTION status_history.history_statement_trigger()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'status_history_statement_trigger'
+LANGUAGE C
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION status_history.history_statement_trigger() IS
+    'Brackets each INSERT statement, so per-object state is written back once per object rather than once per report.';
+
 CREATE FUNCTION status_history.history_refuse_change()
 RETURNS trigger
 AS 'MODULE_PATHNAME', 'status_history_refuse_change'
@@ -129,12 +138,20 @@ COMMENT ON FUNCTION status_history.history_refuse_change() IS
 CREATE TRIGGER history_insert
     BEFORE INSERT ON status_history.history
     FOR EACH ROW EXECUTE FUNCTION status_history.history_insert_trigger();
+CREATE TRIGGER history_statement_begin
+    BEFORE INSERT ON status_history.history
+    FOR EACH STATEMENT EXECUTE FUNCTION status_history.history_statement_trigger();
+CREATE TRIGGER history_statement_end
+    AFTER INSERT ON status_history.history
+    FOR EACH STATEMENT EXECUTE FUNCTION status_history.history_statement_trigger();
 CREATE TRIGGER history_refuse_change
     BEFORE UPDATE OR DELETE OR TRUNCATE ON status_history.history
     FOR EACH STATEMENT EXECUTE FUNCTION status_history.history_refuse_change();
 
 -- Fire even under session_replication_role = replica.
 ALTER TABLE status_history.history ENABLE ALWAYS TRIGGER history_insert;
+ALTER TABLE status_history.history ENABLE ALWAYS TRIGGER history_statement_begin;
+ALTER TABLE status_history.history ENABLE ALWAYS TRIGGER history_statement_end;
 ALTER TABLE status_history.history ENABLE ALWAYS TRIGGER history_refuse_change;
 
 -- ---------------------------------------------------------------------------

@@ -5,7 +5,8 @@
  * validates the report, locks the object (serializing reports on it), takes a
  * stamp from the clock, decides whether the report is stale (below the
  * object's fence, or after the object was dropped) and, when it is the newest
- * non-stale report, makes it the object's current report.  Only the table's
+ * non-stale report, makes it the object's current report (objects.c caches
+ * that per statement; the statement trigger brackets it).  Only the table's
  * owner may supply occurred_at (import and restore); the clock then continues
  * above it.  The other trigger refuses UPDATE, DELETE and TRUNCATE.
  */
@@ -25,6 +26,7 @@
 #include "status_history.h"
 
 PG_FUNCTION_INFO_V1(status_history_insert_trigger);
+PG_FUNCTION_INFO_V1(status_history_statement_trigger);
 PG_FUNCTION_INFO_V1(status_history_refuse_change);
 
 static const char *const known_statuses[] = {
@@ -190,7 +192,7 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 	bool		imported;
 	bool		stale;
 	ShReport	report;
-	ShObjectState state;
+	ShObjectState *state;
 	ShSavedUser saved;
 
 	check_trigger_call(fcinfo, "history_insert_trigger");
@@ -217,7 +219,7 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 	sh_become_owner(RelationGetRelid(rel), &saved);
 
 	/* Lock first, then stamp: stamp order is commit order per object. */
-	sh_objects_lock(report.object_id, &state);
+	state = sh_objects_lock(report.object_id);
 	if (imported)
 	{
 		report.occurred_at = DatumGetTimestampTz(values[cols.occurred_at]);
@@ -227,16 +229,16 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 		report.occurred_at = sh_clock_next();
 
 	stale = (!nulls[cols.stale] && DatumGetBool(values[cols.stale])) ||
-		report.generation < state.fence ||
-		(state.has_current && strcmp(state.status, "dropped") == 0);
+		report.generation < state->fence ||
+		(state->has_current && strcmp(state->status, "dropped") == 0);
 
-	if (!stale && (!state.has_current || report.occurred_at > state.current_at))
+	if (!stale && (!state->has_current || report.occurred_at > state->current_at))
 	{
-		bool		same_status = state.has_current &&
-			strcmp(state.status, TextDatumGetCString(report.status)) == 0;
+		bool		same_status = state->has_current &&
+			strcmp(state->status, TextDatumGetCString(report.status)) == 0;
 
-		sh_objects_set_current(&report,
-							   same_status ? state.status_since : report.occurred_at);
+		sh_objects_set_current(state, &report,
+							   same_status ? state->status_since : report.occurred_at);
 	}
 
 	sh_restore_user(&saved);
@@ -247,6 +249,29 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 	values[cols.stale] = BoolGetDatum(stale);
 	nulls[cols.stale] = false;
 	return PointerGetDatum(heap_form_tuple(desc, values, nulls));
+}
+
+/* SQL: BEFORE and AFTER INSERT FOR EACH STATEMENT: the object cache's lifetime */
+Datum
+status_history_statement_trigger(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+
+	if (!CALLED_AS_TRIGGER(fcinfo))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("history_statement_trigger: not called by trigger manager")));
+	if (!TRIGGER_FIRED_FOR_STATEMENT(trigdata->tg_event) ||
+		!TRIGGER_FIRED_BY_INSERT(trigdata->tg_event))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("history_statement_trigger: must be fired for each statement on insert")));
+
+	if (TRIGGER_FIRED_BEFORE(trigdata->tg_event))
+		sh_objects_statement_begin();
+	else
+		sh_objects_statement_end();
+	return PointerGetDatum(NULL);
 }
 
 /* SQL: BEFORE UPDATE OR DELETE OR TRUNCATE FOR EACH STATEMENT */

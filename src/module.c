@@ -23,11 +23,12 @@ PG_MODULE_MAGIC;
 
 void		_PG_init(void);
 
-/* Set up the clock's shared memory hooks when preloaded; nothing else to do. */
+/* Set up the clock's shared memory hooks when preloaded, and the cache's callbacks. */
 void
 _PG_init(void)
 {
 	sh_clock_init();
+	sh_objects_init();
 }
 
 /* The OID of status_history.<relname>; errors clearly when it is missing. */

@@ -3,7 +3,7 @@
  *
  * module.c   loading, shared-memory hooks, running SPI as the extension owner
  * clock.c    the monotonic clock (monotonic_now)
- * objects.c  per-object state: the fence and the current report
+ * objects.c  per-object state: the fence and the current report, cached per statement
  * history.c  the triggers on status_history.history
  * latest.c   the latest() set-returning function
  */
@@ -57,7 +57,11 @@ typedef struct ShReport
 	TimestampTz occurred_at;
 } ShReport;
 
-extern void sh_objects_lock(Datum object_id, ShObjectState *state);
-extern void sh_objects_set_current(const ShReport *report, TimestampTz status_since);
+extern void sh_objects_init(void);
+extern void sh_objects_statement_begin(void);
+extern void sh_objects_statement_end(void);
+extern ShObjectState *sh_objects_lock(Datum object_id);
+extern void sh_objects_set_current(ShObjectState *state, const ShReport *report,
+								   TimestampTz status_since);
 
 #endif							/* STATUS_HISTORY_H */
