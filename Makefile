@@ -25,13 +25,22 @@ PG_CFLAGS  = -Wall -Wextra -Werror -Wno-unused-parameter -Wno-sign-compare -Wno-
 EXTRA_CLEAN = sql/$(EXTENSION)--$(EXTVERSION).sql
 
 PG_CONFIG ?= pg_config
-PGXS := $(shell $(PG_CONFIG) --pgxs)
+PGXS := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
+ifneq ($(wildcard $(PGXS)),)
 include $(PGXS)
+else
+# Without the server's build files, the scripts below still work: they
+# install them first.
+all install installcheck:
+	@echo "PostgreSQL's build files are missing: apt-get install postgresql-server-dev-15, or run ./test/run.sh, which installs them" >&2
+	@exit 1
+endif
 
 sql/$(EXTENSION)--$(EXTVERSION).sql: sql/$(EXTENSION).sql $(EXTENSION).control
 	cp $< $@
 
-.PHONY: test demo bench stress
+.PHONY: test demo bench stress memcheck
+# Scripts that install what they need, then build, install and run.
 test:
 	./test/run.sh
 demo:
@@ -40,3 +49,5 @@ bench:
 	./bench/run.sh
 stress:
 	./test/stress.sh
+memcheck:
+	./test/memcheck.sh

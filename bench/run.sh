@@ -102,15 +102,16 @@ SELECT count(*) FROM status_history.latest();
 SELECT pg_sleep(0.3);
 EOF
 rm -f "$work/mem.pid"
-psql -X -q -f "$work/mem.sql" >/dev/null &
+psql -X -q -At -f "$work/mem.sql" >/dev/null &
 mempsql=$!
 while [ ! -s "$work/mem.pid" ]; do sleep 0.05; done
 pid=$(tr -dc 0-9 <"$work/mem.pid")
-idle=$(awk '/RssAnon/ {print $2}' "/proc/$pid/status")
-peak=$idle
-while kill -0 "$mempsql" 2>/dev/null && [ -e "/proc/$pid/status" ]; do
-    cur=$(awk '/RssAnon/ {print $2}' "/proc/$pid/status" 2>/dev/null || echo 0)
-    [ -n "$cur" ] && [ "$cur" -gt "$peak" ] && peak=$cur
+rss_anon() { awk '/RssAnon/ {print $2}' "/proc/$pid/status" 2>/dev/null || true; }
+idle=$(rss_anon)
+peak=${idle:-0}
+while kill -0 "$mempsql" 2>/dev/null; do
+    cur=$(rss_anon)
+    if [ -n "$cur" ] && [ "$cur" -gt "$peak" ]; then peak=$cur; fi
     sleep 0.005
 done
 wait "$mempsql" || true

@@ -166,14 +166,9 @@ CREATE FUNCTION status_history.report(
     generation  bigint      DEFAULT 0,
     reported_at timestamptz DEFAULT NULL)
 RETURNS status_history.history
-LANGUAGE sql VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-    INSERT INTO status_history.history
-        (object_id, status, error, details, replica_id, generation, reported_at)
-    VALUES ($1, $2, $3, $4, $5, $6, $7)
-    RETURNING *
-$$;
+AS 'MODULE_PATHNAME', 'status_history_report'
+LANGUAGE C VOLATILE
+SET search_path = pg_catalog, pg_temp;
 
 COMMENT ON FUNCTION status_history.report(text, text, text, jsonb, text, bigint, timestamptz) IS
     'Appends one report stamped by the database clock and returns the stored row (stale when fenced).';
@@ -289,19 +284,29 @@ BEGIN
     -- Lock the scope in a fixed order (concurrent reports and reconnects cannot
     -- deadlock) and fix it: an object created after this is not in scope, so
     -- every object re-stamped below is also one whose fence is raised.
-    SELECT COALESCE(pg_catalog.array_agg(l.object_id), '{}')
-      INTO scope
-      FROM (SELECT o.object_id
-              FROM status_history.objects AS o
-             WHERE candidates IS NULL
-                OR o.object_id OPERATOR(pg_catalog.=) ANY (candidates)
-             ORDER BY o.object_id
-               FOR UPDATE) AS l;
+    -- (Arrays are joined through unnest(): "= ANY (variable)" is not hashed.)
+    IF candidates IS NULL THEN
+        SELECT COALESCE(pg_catalog.array_agg(l.object_id), '{}')
+          INTO scope
+          FROM (SELECT o.object_id
+                  FROM status_history.objects AS o
+                 ORDER BY o.object_id
+                   FOR UPDATE) AS l;
+    ELSE
+        SELECT COALESCE(pg_catalog.array_agg(l.object_id), '{}')
+          INTO scope
+          FROM (SELECT o.object_id
+                  FROM status_history.objects AS o
+                  JOIN pg_catalog.unnest(candidates) AS c(id)
+                    ON o.object_id OPERATOR(pg_catalog.=) c.id
+                 ORDER BY o.object_id
+                   FOR UPDATE OF o) AS l;
+    END IF;
 
     SELECT o.object_id, o.fence INTO blocker
       FROM status_history.objects AS o
-     WHERE o.object_id OPERATOR(pg_catalog.=) ANY (scope)
-       AND o.fence OPERATOR(pg_catalog.>) new_generation
+      JOIN pg_catalog.unnest(scope) AS s(id) ON o.object_id OPERATOR(pg_catalog.=) s.id
+     WHERE o.fence OPERATOR(pg_catalog.>) new_generation
      ORDER BY o.fence DESC, o.object_id
      LIMIT 1;
     IF FOUND THEN
@@ -314,7 +319,8 @@ BEGIN
 
     UPDATE status_history.objects AS o
        SET fence = new_generation
-     WHERE o.object_id OPERATOR(pg_catalog.=) ANY (scope)
+      FROM pg_catalog.unnest(scope) AS s(id)
+     WHERE o.object_id OPERATOR(pg_catalog.=) s.id
        AND o.fence OPERATOR(pg_catalog.<) new_generation;
 
     -- Re-stamp the current status of every live object in scope.  The insert
@@ -328,13 +334,14 @@ BEGIN
           FROM (
                 SELECT o.object_id, o.status, o.error, o.details, o.replica_id, o.reported_at
                   FROM status_history.objects AS o
+                  JOIN pg_catalog.unnest(scope) AS s(id) ON o.object_id OPERATOR(pg_catalog.=) s.id
                  WHERE by_replica IS NULL
-                   AND o.object_id OPERATOR(pg_catalog.=) ANY (scope)
                    AND o.occurred_at IS NOT NULL
                    AND o.status OPERATOR(pg_catalog.<>) 'dropped'
                 UNION ALL
                 SELECT o.object_id, r.status, r.error, r.details, r.replica_id, r.reported_at
                   FROM status_history.objects AS o
+                  JOIN pg_catalog.unnest(scope) AS s(id) ON o.object_id OPERATOR(pg_catalog.=) s.id
                  CROSS JOIN LATERAL (
                         SELECT h2.status, h2.error, h2.details, h2.replica_id, h2.reported_at
                           FROM status_history.history AS h2
@@ -343,7 +350,6 @@ BEGIN
                          ORDER BY h2.occurred_at DESC
                          LIMIT 1) AS r
                  WHERE by_replica IS NOT NULL
-                   AND o.object_id OPERATOR(pg_catalog.=) ANY (scope)
                    AND o.occurred_at IS NOT NULL
                    AND o.status OPERATOR(pg_catalog.<>) 'dropped'
                ) AS c

@@ -13,9 +13,11 @@
 #include "postgres.h"
 
 #include "access/htup_details.h"
+#include "catalog/pg_type.h"
 #include "commands/trigger.h"
 #include "executor/spi.h"
 #include "fmgr.h"
+#include "funcapi.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
 #include "utils/acl.h"
@@ -28,6 +30,7 @@
 PG_FUNCTION_INFO_V1(status_history_insert_trigger);
 PG_FUNCTION_INFO_V1(status_history_statement_trigger);
 PG_FUNCTION_INFO_V1(status_history_refuse_change);
+PG_FUNCTION_INFO_V1(status_history_report);
 
 static const char *const known_statuses[] = {
 	"starting", "running", "paused", "stalled", "ceased", "dropped"
@@ -58,7 +61,7 @@ column_index(TupleDesc desc, const char *name)
 }
 
 static void
-history_columns(TupleDesc desc, HistoryColumns *cols)
+lookup_columns(TupleDesc desc, HistoryColumns *cols)
 {
 	cols->occurred_at = column_index(desc, "occurred_at");
 	cols->object_id = column_index(desc, "object_id");
@@ -69,6 +72,36 @@ history_columns(TupleDesc desc, HistoryColumns *cols)
 	cols->generation = column_index(desc, "generation");
 	cols->reported_at = column_index(desc, "reported_at");
 	cols->stale = column_index(desc, "stale");
+}
+
+/* Find the columns by name; cached, as the trigger runs for every row. */
+static void
+history_columns(Relation rel, HistoryColumns *cols)
+{
+	static Oid	cached_relid = InvalidOid;
+	static int	cached_natts = 0;
+	static HistoryColumns cached;
+	TupleDesc	desc = RelationGetDescr(rel);
+
+	/* Positions change only when columns are added (dropped ones stay put). */
+	if (RelationGetRelid(rel) != cached_relid || desc->natts != cached_natts)
+	{
+		cached_relid = InvalidOid;
+		lookup_columns(desc, &cached);
+		cached_relid = RelationGetRelid(rel);
+		cached_natts = desc->natts;
+	}
+	*cols = cached;
+}
+
+/* True when the text equals the C string, without copying either. */
+static bool
+text_equals(Datum value, const char *s)
+{
+	text	   *t = DatumGetTextPP(value);
+	size_t		len = VARSIZE_ANY_EXHDR(t);
+
+	return len == strlen(s) && memcmp(VARDATA_ANY(t), s, len) == 0;
 }
 
 /* Refuse a call that is not a row-level BEFORE trigger of the given event. */
@@ -97,19 +130,25 @@ excerpt(text *value)
 	return pnstrdup(s, pg_mbcliplen(s, len, Min(len, 64)));
 }
 
+static bool
+known_status(Datum status)
+{
+	for (int i = 0; i < lengthof(known_statuses); i++)
+		if (text_equals(status, known_statuses[i]))
+			return true;
+	return false;
+}
+
 /* Refuse anything that is not a valid report; messages say how to fix it. */
 static void
 validate_report(Datum *values, bool *nulls, const HistoryColumns *cols)
 {
-	text	   *status;
-	int			len;
-
 	if (nulls[cols->object_id])
 		ereport(ERROR,
 				(errcode(ERRCODE_NOT_NULL_VIOLATION),
 				 errmsg("object_id must not be null"),
 				 errhint("Every report names the object it is about.")));
-	if (VARSIZE_ANY_EXHDR(DatumGetPointer(values[cols->object_id])) == 0)
+	if (VARSIZE_ANY_EXHDR(DatumGetTextPP(values[cols->object_id])) == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("object_id must not be empty"),
@@ -119,18 +158,11 @@ validate_report(Datum *values, bool *nulls, const HistoryColumns *cols)
 				(errcode(ERRCODE_NOT_NULL_VIOLATION),
 				 errmsg("status must not be null"),
 				 errhint("Use one of starting, running, paused, stalled, ceased, dropped.")));
-	status = DatumGetTextPP(values[cols->status]);
-	len = VARSIZE_ANY_EXHDR(status);
-	for (int i = 0; i < lengthof(known_statuses); i++)
-		if (len == strlen(known_statuses[i]) &&
-			memcmp(VARDATA_ANY(status), known_statuses[i], len) == 0)
-			goto status_ok;
-	ereport(ERROR,
-			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-			 errmsg("invalid status \"%s\"", excerpt(status)),
-			 errhint("Use one of starting, running, paused, stalled, ceased, dropped.")));
-status_ok:
-	values[cols->status] = PointerGetDatum(status);
+	if (!known_status(values[cols->status]))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid status \"%s\"", excerpt(DatumGetTextPP(values[cols->status]))),
+				 errhint("Use one of starting, running, paused, stalled, ceased, dropped.")));
 
 	if (nulls[cols->generation])
 		ereport(ERROR,
@@ -193,7 +225,6 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 	bool		stale;
 	ShReport	report;
 	ShObjectState *state;
-	ShSavedUser saved;
 
 	check_trigger_call(fcinfo, "history_insert_trigger");
 	if (!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) ||
@@ -204,7 +235,7 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 
 	rel = trigdata->tg_relation;
 	desc = RelationGetDescr(rel);
-	history_columns(desc, &cols);
+	history_columns(rel, &cols);
 	values = palloc(desc->natts * sizeof(Datum));
 	nulls = palloc(desc->natts * sizeof(bool));
 	heap_deform_tuple(trigdata->tg_trigtuple, desc, values, nulls);
@@ -214,9 +245,6 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 	if (imported)
 		check_imported_stamp(rel, DatumGetTimestampTz(values[cols.occurred_at]));
 	fill_report(&report, values, nulls, &cols);
-
-	SPI_connect();
-	sh_become_owner(RelationGetRelid(rel), &saved);
 
 	/* Lock first, then stamp: stamp order is commit order per object. */
 	state = sh_objects_lock(report.object_id);
@@ -235,14 +263,11 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 	if (!stale && (!state->has_current || report.occurred_at > state->current_at))
 	{
 		bool		same_status = state->has_current &&
-			strcmp(state->status, TextDatumGetCString(report.status)) == 0;
+			text_equals(report.status, state->status);
 
 		sh_objects_set_current(state, &report,
 							   same_status ? state->status_since : report.occurred_at);
 	}
-
-	sh_restore_user(&saved);
-	SPI_finish();
 
 	values[cols.occurred_at] = TimestampTzGetDatum(report.occurred_at);
 	nulls[cols.occurred_at] = false;
@@ -295,4 +320,46 @@ status_history_refuse_change(PG_FUNCTION_ARGS)
 			 errdetail("%s would change or remove recorded reports.", what),
 			 errhint("Append a new report with status_history.report() instead.")));
 	PG_RETURN_NULL();
+}
+
+/*
+ * SQL: status_history.report(...) -- exactly a plain INSERT (the insert
+ * trigger does the work), as the caller, with the plan kept: a SQL-language
+ * function would be parsed and planned again for every calling query.
+ */
+Datum
+status_history_report(PG_FUNCTION_ARGS)
+{
+	static SPIPlanPtr plan = NULL;
+	Oid			types[7] = {TEXTOID, TEXTOID, TEXTOID, JSONBOID, TEXTOID, INT8OID, TIMESTAMPTZOID};
+	Datum		args[7];
+	char		nulls[7];
+	int			ret;
+	HeapTupleHeader row;
+
+	for (int i = 0; i < 7; i++)
+	{
+		args[i] = PG_ARGISNULL(i) ? (Datum) 0 : PG_GETARG_DATUM(i);
+		nulls[i] = PG_ARGISNULL(i) ? 'n' : ' ';
+	}
+	SPI_connect();
+	if (plan == NULL)
+	{
+		SPIPlanPtr	p = SPI_prepare("INSERT INTO status_history.history"
+									" (object_id, status, error, details, replica_id, generation, reported_at)"
+									" VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING *",
+									7, types);
+
+		if (p == NULL)
+			elog(ERROR, "status_history: SPI_prepare failed: %s",
+				 SPI_result_code_string(SPI_result));
+		SPI_keepplan(p);
+		plan = p;
+	}
+	ret = SPI_execute_plan(plan, args, nulls, false, 0);
+	if (ret != SPI_OK_INSERT_RETURNING || SPI_processed != 1)
+		elog(ERROR, "status_history: report failed: %s", SPI_result_code_string(ret));
+	row = SPI_returntuple(SPI_tuptable->vals[0], SPI_tuptable->tupdesc);
+	SPI_finish();
+	PG_RETURN_HEAPTUPLEHEADER(row);
 }

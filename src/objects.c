@@ -20,8 +20,9 @@
  * and forgets the cache, as reconnect() changes fences with plain SQL.  An
  * aborted subtransaction forgets the cache too: its row locks are gone.
  *
- * The caller is connected to SPI and runs as the extension owner.  Plans are
- * prepared once per backend and kept.
+ * SPI is used only on a cache miss and at write-back, as the extension owner
+ * (reporters have no privileges on this table).  Plans are prepared once per
+ * backend and kept.
  */
 #include "postgres.h"
 
@@ -29,15 +30,20 @@
 #include "catalog/pg_type.h"
 #include "common/hashfn.h"
 #include "executor/spi.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/datum.h"
 #include "utils/hsearch.h"
+#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 
 #include "status_history.h"
 
 /* Nesting deeper than this is served without the cache. */
 #define MAX_STATEMENT_DEPTH 16
+
+/* Write-backs of more objects than this go in one set-based UPDATE. */
+#define SET_FLUSH_MIN 8
 
 typedef struct CachedObject
 {
@@ -50,6 +56,7 @@ typedef struct CachedObject
 static SPIPlanPtr lock_plan = NULL;
 static SPIPlanPtr create_plan = NULL;
 static SPIPlanPtr update_plan = NULL;
+static SPIPlanPtr update_many_plan = NULL;
 
 static MemoryContext cache_context = NULL;
 static HTAB *cache = NULL;
@@ -77,6 +84,9 @@ prepare_plans(void)
 	Oid			lock_types[1] = {TEXTOID};
 	Oid			update_types[9] = {TEXTOID, TIMESTAMPTZOID, TEXTOID, TEXTOID, JSONBOID,
 		TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID};
+	Oid			array_types[9] = {TEXTARRAYOID, TIMESTAMPTZARRAYOID, TEXTARRAYOID,
+		TEXTARRAYOID, JSONBARRAYOID, TEXTARRAYOID, INT8ARRAYOID, TIMESTAMPTZARRAYOID,
+	TIMESTAMPTZARRAYOID};
 
 	if (lock_plan != NULL)
 		return;
@@ -99,6 +109,21 @@ prepare_plans(void)
 							   "       status_since = $9"
 							   " WHERE object_id OPERATOR(pg_catalog.=) $1",
 							   9, update_types);
+	update_many_plan = prepare_kept(
+									"UPDATE status_history.objects AS o"
+									"   SET occurred_at = u.occurred_at, status = u.status, error = u.error,"
+									"       details = u.details, replica_id = u.replica_id,"
+									"       generation = u.generation, reported_at = u.reported_at,"
+									"       status_since = u.status_since"
+									"  FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
+									"                  pg_catalog.unnest($3), pg_catalog.unnest($4),"
+									"                  pg_catalog.unnest($5), pg_catalog.unnest($6),"
+									"                  pg_catalog.unnest($7), pg_catalog.unnest($8),"
+									"                  pg_catalog.unnest($9))"
+									"       AS u(object_id, occurred_at, status, error, details,"
+									"            replica_id, generation, reported_at, status_since)"
+									" WHERE o.object_id OPERATOR(pg_catalog.=) u.object_id",
+									9, array_types);
 }
 
 /* Copy the locked row into state. */
@@ -122,13 +147,30 @@ read_state(HeapTuple tuple, TupleDesc desc, ShObjectState *state)
 	state->status_since = isnull ? state->current_at : DatumGetTimestampTz(d);
 }
 
+/* Connect to SPI as the owner of the per-object state. */
+static void
+spi_begin(ShSavedUser *saved)
+{
+	SPI_connect();
+	sh_become_owner(sh_relation_oid("objects"), saved);
+	prepare_plans();
+}
+
+static void
+spi_end(const ShSavedUser *saved)
+{
+	sh_restore_user(saved);
+	SPI_finish();
+}
+
 /* Lock the object's row, creating it on first report, and read its state. */
 static void
 lock_and_read(Datum object_id, ShObjectState *state)
 {
 	Datum		args[1] = {object_id};
+	ShSavedUser saved;
 
-	prepare_plans();
+	spi_begin(&saved);
 	for (int attempt = 0;; attempt++)
 	{
 		int			ret = SPI_execute_plan(lock_plan, args, NULL, false, 1);
@@ -137,10 +179,7 @@ lock_and_read(Datum object_id, ShObjectState *state)
 			elog(ERROR, "status_history: locking object failed: %s",
 				 SPI_result_code_string(ret));
 		if (SPI_processed == 1)
-		{
-			read_state(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, state);
-			return;
-		}
+			break;
 		if (attempt > 0)
 			/* Created by a transaction our snapshot cannot see. */
 			ereport(ERROR,
@@ -153,15 +192,14 @@ lock_and_read(Datum object_id, ShObjectState *state)
 			elog(ERROR, "status_history: creating object failed: %s",
 				 SPI_result_code_string(ret));
 		if (SPI_processed == 1)
-		{
-			read_state(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, state);
-			return;
-		}
+			break;
 		/* Someone else created it meanwhile: lock theirs. */
 	}
+	read_state(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, state);
+	spi_end(&saved);
 }
 
-/* Write report to the object's row as its current report. */
+/* Write report to the object's row as its current report; inside spi_begin. */
 static void
 write_current(const ShReport *report, TimestampTz status_since)
 {
@@ -169,7 +207,6 @@ write_current(const ShReport *report, TimestampTz status_since)
 	char		nulls[9] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
 	int			ret;
 
-	prepare_plans();
 	args[0] = report->object_id;
 	args[1] = TimestampTzGetDatum(report->occurred_at);
 	args[2] = report->status;
@@ -226,7 +263,7 @@ cache_create(void)
 	ctl.hash = key_hash;
 	ctl.match = key_compare;
 	ctl.hcxt = cache_context;
-	cache = hash_create("status_history object cache", 1024, &ctl,
+	cache = hash_create("status_history object cache", 64, &ctl,
 						HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
 }
 
@@ -240,28 +277,90 @@ cache_forget(void)
 	cache = NULL;
 }
 
+/* One column of the set-based write-back, as an array. */
+static Datum
+column_array(Datum *elems, bool *nulls, int n, Oid elemtype)
+{
+	int16		typlen;
+	bool		typbyval;
+	char		typalign;
+	int			dims[1] = {n};
+	int			lbs[1] = {1};
+
+	get_typlenbyvalalign(elemtype, &typlen, &typbyval, &typalign);
+	return PointerGetDatum(construct_md_array(elems, nulls, 1, dims, lbs, elemtype,
+											  typlen, typbyval, typalign));
+}
+
+/* Write many objects back with one UPDATE ... FROM unnest(arrays). */
+static void
+write_many(CachedObject **entries, int n)
+{
+	Oid			types[9] = {TEXTOID, TIMESTAMPTZOID, TEXTOID, TEXTOID, JSONBOID,
+		TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID};
+	Datum		args[9];
+	Datum	   *elems = palloc(n * sizeof(Datum));
+	bool	   *nulls = palloc(n * sizeof(bool));
+	int			ret;
+
+	for (int col = 0; col < 9; col++)
+	{
+		for (int i = 0; i < n; i++)
+		{
+			ShReport   *r = &entries[i]->current;
+
+			nulls[i] = false;
+			switch (col)
+			{
+				case 0: elems[i] = r->object_id; break;
+				case 1: elems[i] = TimestampTzGetDatum(r->occurred_at); break;
+				case 2: elems[i] = r->status; break;
+				case 3: elems[i] = r->error; nulls[i] = r->error_null; break;
+				case 4: elems[i] = r->details; nulls[i] = r->details_null; break;
+				case 5: elems[i] = r->replica_id; nulls[i] = r->replica_null; break;
+				case 6: elems[i] = Int64GetDatum(r->generation); break;
+				case 7: elems[i] = r->reported_at; nulls[i] = r->reported_null; break;
+				default: elems[i] = TimestampTzGetDatum(entries[i]->state.status_since); break;
+			}
+		}
+		args[col] = column_array(elems, nulls, n, types[col]);
+	}
+	ret = SPI_execute_plan(update_many_plan, args, NULL, false, 0);
+	if (ret != SPI_OK_UPDATE || SPI_processed != n)
+		elog(ERROR, "status_history: writing back %d objects failed: %s, " UINT64_FORMAT " updated",
+			 n, SPI_result_code_string(ret), SPI_processed);
+}
+
 /* Write every dirty object back; the caller is not yet connected to SPI. */
 static void
 cache_flush(void)
 {
 	HASH_SEQ_STATUS seq;
 	CachedObject *entry;
+	CachedObject **dirty;
+	int			n = 0;
 	ShSavedUser saved;
 
 	if (cache == NULL)
 		return;
-	SPI_connect();
-	sh_become_owner(sh_relation_oid("objects"), &saved);
+	dirty = palloc(hash_get_num_entries(cache) * sizeof(CachedObject *));
 	hash_seq_init(&seq, cache);
 	while ((entry = hash_seq_search(&seq)) != NULL)
-	{
-		if (!entry->dirty)
-			continue;
-		write_current(&entry->current, entry->state.status_since);
-		entry->dirty = false;
-	}
-	sh_restore_user(&saved);
-	SPI_finish();
+		if (entry->dirty)
+			dirty[n++] = entry;
+	if (n == 0)
+		return;
+
+	spi_begin(&saved);
+	if (n >= SET_FLUSH_MIN)
+		write_many(dirty, n);
+	else
+		for (int i = 0; i < n; i++)
+			write_current(&dirty[i]->current, dirty[i]->state.status_since);
+	spi_end(&saved);
+	for (int i = 0; i < n; i++)
+		dirty[i]->dirty = false;
+	pfree(dirty);
 }
 
 /* Replace *dst (a copy in the cache context, or nothing) by a copy of src. */
@@ -387,7 +486,13 @@ sh_objects_set_current(ShObjectState *state, const ShReport *report,
 						   sizeof(state->status));
 
 	if (state == &direct_state)
+	{
+		ShSavedUser saved;
+
+		spi_begin(&saved);
 		write_current(report, status_since);
+		spi_end(&saved);
+	}
 	else
 	{
 		CachedObject *entry = (CachedObject *) ((char *) state - offsetof(CachedObject, state));
