@@ -65,7 +65,7 @@ CREATE TABLE status_history.objects (
     generation   bigint,
     reported_at  timestamptz,
     status_since timestamptz
-);
+) WITH (fillfactor = 50);   -- room on the page, so the frequent updates stay HOT
 
 COMMENT ON TABLE status_history.objects IS
     'One row per object: its fence generation and a copy of its newest non-stale report. Maintained by the extension only.';
@@ -125,6 +125,15 @@ SET search_path = pg_catalog, pg_temp;
 
 COMMENT ON FUNCTION status_history.history_statement_trigger() IS
     'Brackets each INSERT statement, so per-object state is written back once per object rather than once per report.';
+
+CREATE FUNCTION status_history.history_prefetch(object_ids text[])
+RETURNS void
+AS 'MODULE_PATHNAME', 'status_history_prefetch'
+LANGUAGE C VOLATILE STRICT
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION status_history.history_prefetch(text[]) IS
+    'Internal to reconnect(): locks the listed objects and reads their state for the INSERT that follows, in one query.';
 
 CREATE FUNCTION status_history.history_refuse_change()
 RETURNS trigger
@@ -322,6 +331,9 @@ BEGIN
       FROM pg_catalog.unnest(scope) AS s(id)
      WHERE o.object_id OPERATOR(pg_catalog.=) s.id
        AND o.fence OPERATOR(pg_catalog.<) new_generation;
+
+    -- The INSERT below must follow at once: it consumes what this reads.
+    PERFORM status_history.history_prefetch(scope);
 
     -- Re-stamp the current status of every live object in scope.  The insert
     -- trigger stamps each copy later than every row in the table.

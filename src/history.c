@@ -31,6 +31,7 @@ PG_FUNCTION_INFO_V1(status_history_insert_trigger);
 PG_FUNCTION_INFO_V1(status_history_statement_trigger);
 PG_FUNCTION_INFO_V1(status_history_refuse_change);
 PG_FUNCTION_INFO_V1(status_history_report);
+PG_FUNCTION_INFO_V1(status_history_prefetch);
 
 static const char *const known_statuses[] = {
 	"starting", "running", "paused", "stalled", "ceased", "dropped"
@@ -362,4 +363,12 @@ status_history_report(PG_FUNCTION_ARGS)
 	row = SPI_returntuple(SPI_tuptable->vals[0], SPI_tuptable->tupdesc);
 	SPI_finish();
 	PG_RETURN_HEAPTUPLEHEADER(row);
+}
+
+/* SQL: status_history.history_prefetch(text[]) -- internal, for reconnect() */
+Datum
+status_history_prefetch(PG_FUNCTION_ARGS)
+{
+	sh_objects_prefetch(PG_GETARG_DATUM(0));
+	PG_RETURN_VOID();
 }

@@ -19,6 +19,7 @@
  * A nested INSERT (one started while another is running) first writes back
  * and forgets the cache, as reconnect() changes fences with plain SQL.  An
  * aborted subtransaction forgets the cache too: its row locks are gone.
+ * reconnect() fills the cache for its own INSERT in one query (prefetch).
  *
  * SPI is used only on a cache miss and at write-back, as the extension owner
  * (reporters have no privileges on this table).  Plans are prepared once per
@@ -57,6 +58,7 @@ static SPIPlanPtr lock_plan = NULL;
 static SPIPlanPtr create_plan = NULL;
 static SPIPlanPtr update_plan = NULL;
 static SPIPlanPtr update_many_plan = NULL;
+static SPIPlanPtr prefetch_plan = NULL;
 
 static MemoryContext cache_context = NULL;
 static HTAB *cache = NULL;
@@ -82,6 +84,7 @@ static void
 prepare_plans(void)
 {
 	Oid			lock_types[1] = {TEXTOID};
+	Oid			prefetch_types[1] = {TEXTARRAYOID};
 	Oid			update_types[9] = {TEXTOID, TIMESTAMPTZOID, TEXTOID, TEXTOID, JSONBOID,
 		TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID};
 	Oid			array_types[9] = {TEXTARRAYOID, TIMESTAMPTZARRAYOID, TEXTARRAYOID,
@@ -96,6 +99,14 @@ prepare_plans(void)
 							 " WHERE o.object_id OPERATOR(pg_catalog.=) $1"
 							 "   FOR UPDATE",
 							 1, lock_types);
+	/* Same columns as lock_plan, then the object id. */
+	prefetch_plan = prepare_kept(
+								 "SELECT o.fence, o.occurred_at, o.status, o.status_since, o.object_id"
+								 "  FROM status_history.objects AS o"
+								 "  JOIN pg_catalog.unnest($1) AS s(id)"
+								 "    ON o.object_id OPERATOR(pg_catalog.=) s.id"
+								 "   FOR UPDATE OF o",
+								 1, prefetch_types);
 	/* Our own uncommitted row is as good as locked: others wait for us. */
 	create_plan = prepare_kept(
 							   "INSERT INTO status_history.objects AS o (object_id) VALUES ($1)"
@@ -372,7 +383,10 @@ keep_copy(Datum *dst, bool was_null, Datum src, bool is_null)
 	*dst = is_null ? (Datum) 0 : datumCopy(src, false, -1);
 }
 
-/* An INSERT into the history starts: cache for its duration. */
+/*
+ * An INSERT into the history starts: cache for its duration.  At the
+ * outermost level the cache is empty, or holds what sh_objects_prefetch read.
+ */
 void
 sh_objects_statement_begin(void)
 {
@@ -472,6 +486,52 @@ sh_objects_lock(Datum object_id)
 		MemoryContextSwitchTo(old);
 	}
 	return &entry->state;
+}
+
+/*
+ * Lock the listed objects and read their states into the cache for the next
+ * INSERT into the history, in one query.  reconnect() locks its scope, raises
+ * the fences and then inserts one copy per object; without this every copy
+ * would look its object up by itself.  Only at the outermost level: a nested
+ * INSERT starts from an empty cache anyway.
+ */
+void
+sh_objects_prefetch(Datum object_ids)
+{
+	Datum		args[1] = {object_ids};
+	ShSavedUser saved;
+	int			ret;
+
+	if (statement_depth > 0)
+		return;
+	if (cache == NULL)
+		cache_create();
+	spi_begin(&saved);
+	ret = SPI_execute_plan(prefetch_plan, args, NULL, false, 0);
+	if (ret != SPI_OK_SELECT)
+		elog(ERROR, "status_history: prefetching objects failed: %s",
+			 SPI_result_code_string(ret));
+	for (uint64 i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	tuple = SPI_tuptable->vals[i];
+		bool		isnull;
+		Datum		id = SPI_getbinval(tuple, SPI_tuptable->tupdesc, 5, &isnull);
+		MemoryContext old = MemoryContextSwitchTo(cache_context);
+		text	   *key = (text *) datumCopy(id, false, -1);
+		CachedObject *entry;
+		bool		found;
+
+		MemoryContextSwitchTo(old);
+		entry = hash_search(cache, &key, HASH_ENTER, &found);
+		if (found)
+			continue;
+		entry->dirty = false;
+		memset(&entry->current, 0, sizeof(ShReport));
+		entry->current.error_null = entry->current.details_null = true;
+		entry->current.replica_null = entry->current.reported_null = true;
+		read_state(tuple, SPI_tuptable->tupdesc, &entry->state);
+	}
+	spi_end(&saved);
 }
 
 /* Make report the object's current report (state is from sh_objects_lock). */

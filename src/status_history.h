@@ -61,6 +61,7 @@ extern void sh_objects_init(void);
 extern void sh_objects_statement_begin(void);
 extern void sh_objects_statement_end(void);
 extern ShObjectState *sh_objects_lock(Datum object_id);
+extern void sh_objects_prefetch(Datum object_ids);
 extern void sh_objects_set_current(ShObjectState *state, const ShReport *report,
 								   TimestampTz status_since);
 

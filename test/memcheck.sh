@@ -11,10 +11,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source test/deps.sh
-command -v valgrind >/dev/null || {
-    [ "$(id -u)" -eq 0 ] || SUDO=sudo
-    ${SUDO:-} apt-get install -y -qq valgrind >/dev/null
-}
 
 work=$(mktemp -d /tmp/status_history_memcheck.XXXXXX)
 chmod 755 "$work"
@@ -28,7 +24,11 @@ trap cleanup EXIT
 
 # Build an instrumented copy of the tree, so the normal build's objects stay put.
 mkdir "$work/tree"
-git ls-files -z | xargs -0 cp --parents -t "$work/tree"
+if git rev-parse --git-dir >/dev/null 2>&1; then
+    git ls-files -z | xargs -0 cp --parents -t "$work/tree"
+else
+    cp -r . "$work/tree" && make -s -C "$work/tree" clean >/dev/null
+fi
 san="-fsanitize=undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 make -s -C "$work/tree" PG_CONFIG="$PG_CONFIG" COPT="$san" >/dev/null
 sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
