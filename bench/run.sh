@@ -12,11 +12,11 @@ source test/deps.sh
 sh_build_install
 
 if [ "${BENCH_FULL:-0}" = 1 ]; then
-    : "${OBJECTS:=100000}" "${PER_OBJECT:=50}" "${BULK:=1000000}" "${GROWTH_OBJECTS:=10000}"
+    : "${OBJECTS:=100000}" "${PER_OBJECT:=50}" "${BULK:=1000000}" "${GROWTH_OBJECTS:=10000}" "${DURATION:=5}"
 else
-    : "${OBJECTS:=20000}" "${PER_OBJECT:=50}" "${BULK:=200000}" "${GROWTH_OBJECTS:=5000}"
+    : "${OBJECTS:=20000}" "${PER_OBJECT:=50}" "${BULK:=200000}" "${GROWTH_OBJECTS:=5000}" "${DURATION:=3}"
 fi
-: "${GROWTH:=10}" "${DURATION:=5}" "${RUNS:=3}" "${REPS:=5}" "${CLIENTS:=8}"
+: "${GROWTH:=10}" "${RUNS:=3}" "${REPS:=5}" "${CLIENTS:=8}"
 
 # --- a throw-away cluster, owned by postgres when run as root ---------------
 work=$(mktemp -d /tmp/status_history_bench.XXXXXX)
@@ -64,6 +64,19 @@ tps_pair() {
 }
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
 
+# Median of REPS runs of a statement, each in its own transaction (as a
+# controller's calls would be), timed on the server.
+stmt_median_ms() {
+    local t=()
+    for _ in $(seq "$REPS"); do
+        t+=("$(q "SELECT bench_median_stmt_ms(\$\$$1\$\$, 1)")")
+    done
+    median "${t[@]}"
+}
+
+# FIGURES="3 5" runs only those figures (the load always runs).
+want() { [ -z "${FIGURES:-}" ] || [[ " $FIGURES " == *" $1 "* ]]; }
+
 script() { printf '%s\n' "$2" >"$work/$1.sql"; echo "$work/$1.sql"; }
 statuses="(ARRAY['starting','running','paused','stalled','ceased'])"
 
@@ -84,13 +97,17 @@ row "load: INSERT ... SELECT of all reports" "$n rows" "$e" "$b" ms time -
 q "INSERT INTO plain_pk SELECT object_id, status, occurred_at FROM status_history.statuses"
 q "VACUUM ANALYZE"
 
+if want 3; then
 e=$(q "SELECT bench_median_ms('SELECT * FROM status_history.statuses', $REPS)")
 b=$(q "SELECT bench_median_ms('SELECT DISTINCT ON (object_id) * FROM plain ORDER BY object_id, occurred_at DESC', $REPS)")
 row "3. current status of every object: statuses vs DISTINCT ON" "$OBJECTS x $PER_OBJECT" "$e" "$b" ms time 0.1
 e=$(q "SELECT bench_median_ms('SELECT * FROM status_history.latest()', $REPS)")
 row "3. current status of every object: latest() vs DISTINCT ON" "$OBJECTS x $PER_OBJECT" "$e" "$b" ms time 0.1
+fi
 
 # --- memory of latest() over the whole data set ----------------------------
+peak=0; idle=0
+if want mem; then
 # Sample the backend's private (anonymous) resident memory every 5 ms while
 # latest() runs with work_mem = 4MB; shared buffers are not counted in RssAnon.
 cat >"$work/mem.sql" <<EOF
@@ -116,9 +133,10 @@ while kill -0 "$mempsql" 2>/dev/null; do
 done
 wait "$mempsql" || true
 echo "  memory: latest() over $OBJECTS objects, work_mem 4MB: backend RssAnon idle ${idle} kB, peak ${peak} kB (+$((peak - idle)) kB)"
-echo "memory	$OBJECTS	$idle	$peak" >"$work/memory.tsv"
+fi
 
 # --- 3b. cost follows objects, not history -----------------------------------
+if want 3b; then
 q "CREATE DATABASE growth"
 PGDATABASE=growth psql -X -q -v ON_ERROR_STOP=1 -f bench/setup.sql >/dev/null
 gq() { PGDATABASE=growth q "$1"; }
@@ -141,8 +159,10 @@ b2=$(gq "SELECT bench_median_ms('SELECT DISTINCT ON (object_id) * FROM plain ORD
 row "3b. statuses with ${GROWTH}x history (vs itself at 1x)" "$GROWTH_OBJECTS x $((PER_OBJECT * GROWTH))" "$e2" "$e1" ms time 1.5
 row "3b. DISTINCT ON with ${GROWTH}x history (vs itself at 1x)" "$GROWTH_OBJECTS x $((PER_OBJECT * GROWTH))" "$b2" "$b1" ms time -
 q "DROP DATABASE growth"
+fi
 
 # --- 4. one object's current status ------------------------------------------
+if want 4; then
 ext=$(script point_ext "\\set obj random(0, $((OBJECTS - 1)))
 SELECT * FROM status_history.statuses WHERE object_id = 'obj-' || :obj;")
 base=$(script point_base "\\set obj random(0, $((OBJECTS - 1)))
@@ -150,16 +170,20 @@ SELECT * FROM plain_pk WHERE object_id = 'obj-' || :obj;")
 read -r e b <<<"$(tps_pair 1 "$ext" "$base")"
 row "4. one object through statuses vs primary-key lookup (latency)" "$OBJECTS objects" \
     "$(awk -v t="$e" 'BEGIN {printf "%.1f", 1e6 / t}')" "$(awk -v t="$b" 'BEGIN {printf "%.1f", 1e6 / t}')" us time 2
+fi
 
 # --- 7. the clock ---------------------------------------------------------------
+if want 7; then
 ext=$(script clock_ext "SELECT status_history.monotonic_now();")
 base=$(script clock_base "SELECT clock_timestamp();")
 for c in 1 "$CLIENTS"; do
     read -r e b <<<"$(tps_pair "$c" "$ext" "$base")"
     row "7. monotonic_now() vs clock_timestamp(), $c clients" "calls/s" "$e" "$b" tps rate -
 done
+fi
 
 # --- 1. append, one report per transaction ---------------------------------------
+if want 1; then
 ext=$(script append_ext "\\set obj random(0, $((OBJECTS - 1)))
 \\set st random(1, 5)
 SELECT status_history.report('obj-' || :obj, $statuses[:st], NULL, NULL, 'r1', 0);")
@@ -174,18 +198,23 @@ for c in 1 "$CLIENTS"; do
     read -r e b <<<"$(PGOPTIONS='-c synchronous_commit=on' tps_pair "$c" "$ext" "$base")"
     row "1. append: report() vs plain INSERT, $c clients, sync on" "tx/s" "$e" "$b" tps rate 0.7
 done
+fi
 
 # --- 5. reconnect() over every object ---------------------------------------------
-e=$(q "SELECT bench_median_stmt_ms('SELECT count(*) FROM status_history.reconnect(nextval(''bench_gen''))', $REPS)")
-b=$(q "SELECT bench_median_stmt_ms(\$\$INSERT INTO plain (occurred_at, object_id, status) SELECT clock_timestamp(), 'obj-' || i, 'running' FROM generate_series(0, $OBJECTS - 1) AS i\$\$, $REPS)")
+if want 5; then
+e=$(stmt_median_ms "SELECT count(*) FROM status_history.reconnect(nextval('bench_gen'))")
+b=$(stmt_median_ms "INSERT INTO plain (occurred_at, object_id, status) SELECT clock_timestamp(), 'obj-' || i, 'running' FROM generate_series(0, $OBJECTS - 1) AS i")
 row "5. reconnect() vs INSERT ... SELECT of as many rows" "$OBJECTS objects" "$e" "$b" ms time 2
+fi
 
 # --- 2. bulk append ------------------------------------------------------------------
+if want 2; then
 e=$(q "SELECT bench_median_stmt_ms(\$\$INSERT INTO status_history.history (object_id, status)
         SELECT 'bulk-' || (i % $OBJECTS), $statuses[1 + i % 5] FROM generate_series(0, $BULK - 1) AS i\$\$, 1)")
 b=$(q "SELECT bench_median_stmt_ms(\$\$INSERT INTO plain (occurred_at, object_id, status)
         SELECT clock_timestamp(), 'bulk-' || (i % $OBJECTS), $statuses[1 + i % 5] FROM generate_series(0, $BULK - 1) AS i\$\$, 1)")
 row "2. bulk append in one INSERT ... SELECT" "$BULK rows" "$e" "$b" ms time 2
+fi
 
 # --- 6. prune ----------------------------------------------------------------------
 row "6. prune(5) vs DELETE with row_number()" "-" "-" "-" - n/a "not built"
@@ -204,4 +233,6 @@ awk -F'\t' '{
     printf "| %s | %s | %.1f | %.1f | %s | %.3f | %s | %s |\n", op, size, e, b, unit, ratio, t, met
 }' "$results"
 echo
-echo "memory: latest() over $OBJECTS objects with work_mem 4MB: backend private memory +$((peak - idle)) kB over idle"
+if want mem; then
+    echo "memory: latest() over $OBJECTS objects with work_mem 4MB: backend private memory +$((peak - idle)) kB over idle"
+fi
