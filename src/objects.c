@@ -360,7 +360,10 @@ cache_flush(void)
 		if (entry->dirty)
 			dirty[n++] = entry;
 	if (n == 0)
+	{
+		pfree(dirty);
 		return;
+	}
 
 	spi_begin(&saved);
 	if (n >= SET_FLUSH_MIN)

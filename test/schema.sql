@@ -12,7 +12,7 @@ CREATE SCHEMA evil;
 SET search_path = evil, public;
 CREATE EXTENSION status_history;
 RESET search_path;
-SELECT plan(38);
+SELECT plan(39);
 
 SELECT has_schema('status_history');
 SELECT has_table('status_history', 'history', 'history table exists');
@@ -94,6 +94,8 @@ SELECT is_empty(
 -- Privileges: readers may read; only granted roles write or fence.
 SELECT function_privs_are('status_history', 'reconnect', ARRAY['bigint', 'text', 'text[]'],
                           'public', '{}', 'reconnect() is not executable by PUBLIC');
+SELECT function_privs_are('status_history', 'history_prefetch', ARRAY['text[]'],
+                          'public', '{}', 'the internal history_prefetch() is not executable by PUBLIC');
 SELECT function_privs_are('status_history', 'latest', ARRAY['text[]', 'boolean'],
                           'public', ARRAY['EXECUTE'], 'latest() is executable by PUBLIC');
 SELECT table_privs_are('status_history', 'history', 'public', ARRAY['SELECT'],
