@@ -415,6 +415,16 @@ sh_objects_statement_end(void)
 		cache_forget();
 }
 
+/* A new entry: clean, with no current report of its own yet. */
+static void
+init_entry(CachedObject *entry)
+{
+	entry->dirty = false;
+	memset(&entry->current, 0, sizeof(ShReport));
+	entry->current.error_null = entry->current.details_null = true;
+	entry->current.replica_null = entry->current.reported_null = true;
+}
+
 static bool
 caching(void)
 {
@@ -478,10 +488,7 @@ sh_objects_lock(Datum object_id)
 		MemoryContext old;
 
 		/* On error the (sub)transaction aborts and forgets the whole cache. */
-		entry->dirty = false;
-		memset(&entry->current, 0, sizeof(ShReport));
-		entry->current.error_null = entry->current.details_null = true;
-		entry->current.replica_null = entry->current.reported_null = true;
+		init_entry(entry);
 		lock_and_read(object_id, &entry->state);
 		/* The key still points into the row; give the entry its own copy. */
 		old = MemoryContextSwitchTo(cache_context);
@@ -528,10 +535,7 @@ sh_objects_prefetch(Datum object_ids)
 		entry = hash_search(cache, &key, HASH_ENTER, &found);
 		if (found)
 			continue;
-		entry->dirty = false;
-		memset(&entry->current, 0, sizeof(ShReport));
-		entry->current.error_null = entry->current.details_null = true;
-		entry->current.replica_null = entry->current.reported_null = true;
+		init_entry(entry);
 		read_state(tuple, SPI_tuptable->tupdesc, &entry->state);
 	}
 	spi_end(&saved);
