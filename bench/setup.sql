@@ -21,17 +21,18 @@ CREATE TABLE plain_pk (object_id text PRIMARY KEY, status text NOT NULL, occurre
 
 CREATE SEQUENCE bench_gen;
 
--- Median wall time, in milliseconds, of running sql reps times on the server.
--- count(*) over the query makes every row be produced without shipping it.
+-- Median execution time, in milliseconds, of a query run reps times: the
+-- executor's own time from EXPLAIN ANALYZE (no planning, no client), with
+-- count(*) over the query so that every row is produced but none shipped.
 CREATE FUNCTION bench_median_ms(sql text, reps int) RETURNS float8 LANGUAGE plpgsql AS $$
 DECLARE
-    t0 timestamptz;
+    plan json;
     times float8[] := '{}';
 BEGIN
     FOR i IN 1 .. reps LOOP
-        t0 := clock_timestamp();
-        EXECUTE 'SELECT count(*) FROM (' || sql || ') AS q';
-        times := times || extract(epoch FROM clock_timestamp() - t0) * 1000;
+        EXECUTE 'EXPLAIN (ANALYZE, TIMING OFF, FORMAT JSON) SELECT count(*) FROM (' || sql || ') AS q'
+           INTO plan;
+        times := times || (plan -> 0 ->> 'Execution Time')::float8;
     END LOOP;
     RETURN (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY t) FROM unnest(times) AS t);
 END $$;
