@@ -105,4 +105,18 @@ ALTER TABLE status_history.history ENABLE ALWAYS TRIGGER history_statement_end;
 SELECT count(*) AS written_through FROM status_history.statuses WHERE object_id LIKE 'w%';
 SELECT pg_temp.state_mismatches() AS after_write_through;
 
+-- With room for only 3 objects the cache is written back and forgotten as
+-- it fills, and objects seen again are read again.
+SET status_history.cache_max_objects = 3;
+INSERT INTO status_history.history (object_id, status)
+SELECT 'e' || (i % 10), (ARRAY['running', 'stalled', 'stalled', 'paused'])[1 + (i / 10) % 4]
+  FROM generate_series(1, 200) AS i;
+SELECT pg_temp.state_mismatches() AS after_eviction;
+-- reconnect() reads only as many objects ahead as fit.
+SELECT count(*) AS restamped FROM status_history.reconnect(7);
+SELECT count(*) FILTER (WHERE fence = 7) = count(*) AS all_fenced FROM status_history.objects;
+SELECT pg_temp.state_mismatches() AS after_small_reconnect;
+RESET status_history.cache_max_objects;
+SET status_history.cache_max_objects = 0;
+
 DROP EXTENSION status_history;

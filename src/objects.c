@@ -34,6 +34,7 @@
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/datum.h"
+#include "utils/guc.h"
 #include "utils/hsearch.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
@@ -45,6 +46,13 @@
 
 /* Write-backs of more objects than this go in one set-based UPDATE. */
 #define SET_FLUSH_MIN 8
+
+/*
+ * status_history.cache_max_objects: objects cached at most (a few hundred
+ * bytes each); past it the cache is written back and forgotten, and objects
+ * seen again are read again.
+ */
+static int	cache_max_objects = 262144;
 
 typedef struct CachedObject
 {
@@ -460,6 +468,12 @@ objects_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 void
 sh_objects_init(void)
 {
+	DefineCustomIntVariable("status_history.cache_max_objects",
+							"Objects whose state one INSERT into the history keeps in memory.",
+							"Past it, the states are written back and read again when needed.",
+							&cache_max_objects, 262144, 1, INT_MAX / 2,
+							PGC_USERSET, 0, NULL, NULL, NULL);
+	MarkGUCPrefixReserved("status_history");
 	RegisterXactCallback(objects_xact_callback, NULL);
 	RegisterSubXactCallback(objects_subxact_callback, NULL);
 }
@@ -479,6 +493,12 @@ sh_objects_lock(Datum object_id)
 	{
 		lock_and_read(object_id, &direct_state);
 		return &direct_state;
+	}
+	if (cache != NULL && hash_get_num_entries(cache) >= cache_max_objects &&
+		hash_search(cache, &key, HASH_FIND, NULL) == NULL)
+	{
+		cache_flush();
+		cache_forget();
 	}
 	if (cache == NULL)
 		cache_create();
@@ -521,7 +541,7 @@ sh_objects_prefetch(Datum object_ids)
 	if (ret != SPI_OK_SELECT)
 		elog(ERROR, "status_history: prefetching objects failed: %s",
 			 SPI_result_code_string(ret));
-	for (uint64 i = 0; i < SPI_processed; i++)
+	for (uint64 i = 0; i < SPI_processed && i < (uint64) cache_max_objects; i++)
 	{
 		HeapTuple	tuple = SPI_tuptable->vals[i];
 		bool		isnull;
