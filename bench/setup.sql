@@ -3,17 +3,9 @@
 -- stamps from clock_timestamp(), and DISTINCT ON for the latest status.
 CREATE EXTENSION status_history;
 
-CREATE TABLE plain (
-    occurred_at timestamptz NOT NULL,
-    object_id   text        NOT NULL,
-    status      text        NOT NULL,
-    error       text,
-    details     jsonb,
-    replica_id  text,
-    generation  bigint      NOT NULL DEFAULT 0,
-    reported_at timestamptz,
-    stale       boolean     NOT NULL DEFAULT false
-);
+-- The same columns, NOT NULLs and defaults as the history; no triggers, no
+-- unique stamp, one index.
+CREATE TABLE plain (LIKE status_history.history INCLUDING DEFAULTS);
 CREATE INDEX plain_object_idx ON plain (object_id, occurred_at DESC);
 
 -- A plain table keyed by object, for the primary-key lookup baseline.
