@@ -8,7 +8,10 @@
  * non-stale report, makes it the object's current report (objects.c caches
  * that per statement; the statement trigger brackets it).  Only the table's
  * owner may supply occurred_at (import and restore); the clock then continues
- * above it.  The other trigger refuses UPDATE, DELETE and TRUNCATE.
+ * above it.  Another trigger refuses UPDATE, DELETE and TRUNCATE.
+ *
+ * Also here: report(), which is exactly a plain INSERT with a kept plan, and
+ * the SQL entry point of the prefetch that reconnect() uses.
  */
 #include "postgres.h"
 

@@ -4,7 +4,7 @@
  * module.c   loading, shared-memory hooks, running SPI as the extension owner
  * clock.c    the monotonic clock (monotonic_now)
  * objects.c  per-object state: the fence and the current report, cached per statement
- * history.c  the triggers on status_history.history
+ * history.c  the triggers on status_history.history, and report()
  * latest.c   the latest() set-returning function
  */
 #ifndef STATUS_HISTORY_H
