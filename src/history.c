@@ -348,18 +348,10 @@ status_history_report(PG_FUNCTION_ARGS)
 	}
 	SPI_connect();
 	if (plan == NULL)
-	{
-		SPIPlanPtr	p = SPI_prepare("INSERT INTO status_history.history"
-									" (object_id, status, error, details, replica_id, generation, reported_at)"
-									" VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING *",
-									7, types);
-
-		if (p == NULL)
-			elog(ERROR, "status_history: SPI_prepare failed: %s",
-				 SPI_result_code_string(SPI_result));
-		SPI_keepplan(p);
-		plan = p;
-	}
+		plan = sh_prepare_kept("INSERT INTO status_history.history"
+							   " (object_id, status, error, details, replica_id, generation, reported_at)"
+							   " VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING *",
+							   7, types);
 	ret = SPI_execute_plan(plan, args, nulls, false, 0);
 	if (ret != SPI_OK_INSERT_RETURNING || SPI_processed != 1)
 		elog(ERROR, "status_history: report failed: %s", SPI_result_code_string(ret));

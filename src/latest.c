@@ -40,18 +40,10 @@ latest_plan(bool listed)
 	Oid			types[2] = {BOOLOID, TEXTARRAYOID};
 
 	if (*slot == NULL)
-	{
-		SPIPlanPtr	plan = SPI_prepare(listed ?
-									   LATEST_SELECT " AND o.object_id OPERATOR(pg_catalog.=) ANY ($2)" :
-									   LATEST_SELECT,
-									   listed ? 2 : 1, types);
-
-		if (plan == NULL)
-			elog(ERROR, "status_history: SPI_prepare failed: %s",
-				 SPI_result_code_string(SPI_result));
-		SPI_keepplan(plan);
-		*slot = plan;
-	}
+		*slot = sh_prepare_kept(listed ?
+								LATEST_SELECT " AND o.object_id OPERATOR(pg_catalog.=) ANY ($2)" :
+								LATEST_SELECT,
+								listed ? 2 : 1, types);
 	return *slot;
 }
 

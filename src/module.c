@@ -2,6 +2,8 @@
  * module.c — loading status_history, and the helpers every file shares:
  * finding the extension's relations and running SPI as their owner.
  *
+ * Also: preparing an SPI plan once per backend and keeping it.
+ *
  * Reporters need only INSERT on status_history.history; the per-object state
  * and the clock's persisted bound belong to the extension owner.  The C code
  * switches to that owner around its own fully-qualified SPI statements, the
@@ -14,6 +16,7 @@
 #include "fmgr.h"
 #include "miscadmin.h"
 #include "catalog/pg_class.h"
+#include "executor/spi.h"
 #include "utils/lsyscache.h"
 #include "utils/syscache.h"
 
@@ -76,4 +79,18 @@ void
 sh_restore_user(const ShSavedUser *saved)
 {
 	SetUserIdAndSecContext(saved->userid, saved->sec_context);
+}
+
+/* Prepare a statement once for the life of the backend; inside SPI. */
+SPIPlanPtr
+sh_prepare_kept(const char *sql, int nargs, Oid *argtypes)
+{
+	SPIPlanPtr	plan = SPI_prepare(sql, nargs, argtypes);
+
+	if (plan == NULL)
+		elog(ERROR, "status_history: SPI_prepare failed: %s",
+			 SPI_result_code_string(SPI_result));
+	if (SPI_keepplan(plan) != 0)
+		elog(ERROR, "status_history: SPI_keepplan failed");
+	return plan;
 }

@@ -74,20 +74,6 @@ static int	statement_depth = 0;
 static int	statement_levels[MAX_STATEMENT_DEPTH];	/* subtransaction nest levels */
 static ShObjectState direct_state;	/* the state when not caching */
 
-/* Prepare a statement once for the life of the backend. */
-static SPIPlanPtr
-prepare_kept(const char *sql, int nargs, Oid *argtypes)
-{
-	SPIPlanPtr	plan = SPI_prepare(sql, nargs, argtypes);
-
-	if (plan == NULL)
-		elog(ERROR, "status_history: SPI_prepare failed: %s",
-			 SPI_result_code_string(SPI_result));
-	if (SPI_keepplan(plan) != 0)
-		elog(ERROR, "status_history: SPI_keepplan failed");
-	return plan;
-}
-
 static void
 prepare_plans(void)
 {
@@ -101,14 +87,14 @@ prepare_plans(void)
 
 	if (lock_plan != NULL)
 		return;
-	lock_plan = prepare_kept(
+	lock_plan = sh_prepare_kept(
 							 "SELECT o.fence, o.occurred_at, o.status, o.status_since"
 							 "  FROM status_history.objects AS o"
 							 " WHERE o.object_id OPERATOR(pg_catalog.=) $1"
 							 "   FOR UPDATE",
 							 1, lock_types);
 	/* Same columns as lock_plan, then the object id. */
-	prefetch_plan = prepare_kept(
+	prefetch_plan = sh_prepare_kept(
 								 "SELECT o.fence, o.occurred_at, o.status, o.status_since, o.object_id"
 								 "  FROM status_history.objects AS o"
 								 "  JOIN pg_catalog.unnest($1) AS s(id)"
@@ -116,19 +102,19 @@ prepare_plans(void)
 								 "   FOR UPDATE OF o",
 								 1, prefetch_types);
 	/* Our own uncommitted row is as good as locked: others wait for us. */
-	create_plan = prepare_kept(
+	create_plan = sh_prepare_kept(
 							   "INSERT INTO status_history.objects AS o (object_id) VALUES ($1)"
 							   "    ON CONFLICT (object_id) DO NOTHING"
 							   " RETURNING o.fence, o.occurred_at, o.status, o.status_since",
 							   1, lock_types);
-	update_plan = prepare_kept(
+	update_plan = sh_prepare_kept(
 							   "UPDATE status_history.objects"
 							   "   SET occurred_at = $2, status = $3, error = $4, details = $5,"
 							   "       replica_id = $6, generation = $7, reported_at = $8,"
 							   "       status_since = $9"
 							   " WHERE object_id OPERATOR(pg_catalog.=) $1",
 							   9, update_types);
-	update_many_plan = prepare_kept(
+	update_many_plan = sh_prepare_kept(
 									"UPDATE status_history.objects AS o"
 									"   SET occurred_at = u.occurred_at, status = u.status, error = u.error,"
 									"       details = u.details, replica_id = u.replica_id,"

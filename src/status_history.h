@@ -1,7 +1,7 @@
 /*
  * status_history.h — declarations shared by the files in src/.
  *
- * module.c   loading, shared-memory hooks, running SPI as the extension owner
+ * module.c   loading, running SPI as the extension owner, kept SPI plans
  * clock.c    the monotonic clock (monotonic_now)
  * objects.c  per-object state: the fence and the current report, cached per statement
  * history.c  the triggers on status_history.history, and report()
@@ -11,6 +11,7 @@
 #define STATUS_HISTORY_H
 
 #include "postgres.h"
+#include "executor/spi.h"
 #include "utils/timestamp.h"
 
 #define SH_SCHEMA "status_history"
@@ -25,6 +26,7 @@ typedef struct ShSavedUser
 extern Oid	sh_relation_oid(const char *relname);
 extern void sh_become_owner(Oid relid, ShSavedUser *saved);
 extern void sh_restore_user(const ShSavedUser *saved);
+extern SPIPlanPtr sh_prepare_kept(const char *sql, int nargs, Oid *argtypes);
 
 /* clock.c */
 extern void sh_clock_init(void);
