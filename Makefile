@@ -1,8 +1,11 @@
 # status_history — PGXS build.
 #
 # The version lives only in status_history.control; the install script for it
-# is generated from sql/status_history.sql, and upgrade scripts are picked up
-# by wildcard, so no list here is kept by hand.
+# is generated from sql/status_history.sql (into the top directory, so that
+# sql/ holds only files under version control).  The install scripts of older
+# versions (frozen as shipped) and the upgrade scripts are the files
+# sql/status_history--*.sql, picked up by wildcard, so no list here is kept by
+# hand.
 
 EXTENSION  = status_history
 EXTVERSION = $(shell sed -n "s/^default_version *= *'\(.*\)'/\1/p" $(EXTENSION).control)
@@ -10,8 +13,8 @@ EXTVERSION = $(shell sed -n "s/^default_version *= *'\(.*\)'/\1/p" $(EXTENSION).
 MODULE_big = $(EXTENSION)
 OBJS       = $(patsubst %.c,%.o,$(wildcard src/*.c))
 
-DATA_built = sql/$(EXTENSION)--$(EXTVERSION).sql
-DATA       = $(wildcard sql/$(EXTENSION)--*--*.sql)
+DATA_built = $(EXTENSION)--$(EXTVERSION).sql
+DATA       = $(wildcard sql/$(EXTENSION)--*.sql)
 
 # pg_regress inputs are every sql/*.sql that is not an install or upgrade script.
 REGRESS      = $(filter-out $(EXTENSION)%,$(patsubst sql/%.sql,%,$(wildcard sql/*.sql)))
@@ -22,7 +25,7 @@ ISOLATION      = $(patsubst test/specs/%.spec,%,$(wildcard test/specs/*.spec))
 ISOLATION_OPTS = --inputdir=test
 
 PG_CFLAGS  = -Wall -Wextra -Werror -Wno-unused-parameter -Wno-sign-compare -Wno-missing-field-initializers
-EXTRA_CLEAN = sql/$(EXTENSION)--$(EXTVERSION).sql
+EXTRA_CLEAN = $(wildcard $(EXTENSION)--*.sql)
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
@@ -36,8 +39,16 @@ all install installcheck:
 	@exit 1
 endif
 
-sql/$(EXTENSION)--$(EXTVERSION).sql: sql/$(EXTENSION).sql $(EXTENSION).control
+$(EXTENSION)--$(EXTVERSION).sql: sql/$(EXTENSION).sql $(EXTENSION).control
 	cp $< $@
+
+# A frozen install script for the version still being developed would be
+# installed over the generated one.
+ifneq ($(wildcard sql/$(EXTENSION)--$(EXTVERSION).sql),)
+ifneq ($(filter-out clean distclean,$(or $(MAKECMDGOALS),all)),)
+$(error sql/$(EXTENSION)--$(EXTVERSION).sql is the install script of $(EXTVERSION), the version being developed (default_version in $(EXTENSION).control): after a release raise default_version (README.md, Upgrading); a copy made by an older Makefile may be removed)
+endif
+endif
 
 .PHONY: test demo bench stress memcheck
 # Scripts that install what they need, then build, install and run.

@@ -12,6 +12,7 @@ DECLARE
 BEGIN
     FOR i IN 1 .. 4000 LOOP
         IF i % 500 = 0 THEN
+            COMMIT;  -- reconnect() runs first in its transaction
             gen := gen + 1;
             PERFORM status_history.reconnect(gen, CASE WHEN i % 1000 = 0 THEN 'rep-1' END);
         END IF;
@@ -78,12 +79,12 @@ SELECT (SELECT status FROM status_history.statuses WHERE object_id = 'obj-1')
        (SELECT status FROM brute WHERE object_id = 'obj-1' AND status <> 'dropped') AS lookup_agrees;
 
 -- status_since moves only when the status changes.
-SELECT stale FROM status_history.report('since', 'running');
+SELECT stale FROM status_history.report('since', 'running', generation => 8);
 CREATE TEMP TABLE first_run AS SELECT occurred_at FROM status_history.statuses WHERE object_id = 'since';
-SELECT stale FROM status_history.report('since', 'running');
+SELECT stale FROM status_history.report('since', 'running', generation => 8);
 SELECT s.status_since = f.occurred_at AS since_kept, s.occurred_at > f.occurred_at AS newer_report
   FROM status_history.statuses s, first_run f WHERE s.object_id = 'since';
-SELECT stale FROM status_history.report('since', 'stalled');
+SELECT stale FROM status_history.report('since', 'stalled', generation => 8);
 SELECT status_since = occurred_at AS since_moved FROM status_history.statuses WHERE object_id = 'since';
 
 DROP VIEW brute;

@@ -90,6 +90,23 @@ CREATE SEQUENCE status_history.clock_bound AS bigint MINVALUE 0 START 0;
 COMMENT ON SEQUENCE status_history.clock_bound IS
     'Persisted upper bound of every stamp handed out (microseconds since 2000-01-01 UTC); maintained by the clock.';
 
+-- Generation floors: a reconnect() without an object list fences every
+-- object (replica_id NULL) or every object of one replica, including objects
+-- whose first report has not committed yet.
+CREATE TABLE status_history.floors (
+    replica_id text,
+    generation bigint NOT NULL DEFAULT 0,
+    CONSTRAINT floors_replica_key UNIQUE NULLS NOT DISTINCT (replica_id)
+);
+INSERT INTO status_history.floors (replica_id, generation) VALUES (NULL, 0);
+
+COMMENT ON TABLE status_history.floors IS
+    'Generation floors raised by reconnect() without an object list; a report below its floor is stale. Maintained by the extension only.';
+COMMENT ON COLUMN status_history.floors.replica_id IS
+    'The replica the floor applies to; NULL for the database-wide floor.';
+COMMENT ON COLUMN status_history.floors.generation IS
+    'Reports (of that replica, or any report for the NULL row) below this generation are stale.';
+
 -- pg_dump keeps the data of extension-owned tables only when asked to.
 SELECT pg_catalog.pg_extension_config_dump('status_history.history', '');
 
@@ -124,16 +141,16 @@ LANGUAGE C
 SET search_path = pg_catalog, pg_temp;
 
 COMMENT ON FUNCTION status_history.history_statement_trigger() IS
-    'Brackets each INSERT statement, so per-object state is written back once per object rather than once per report.';
+    'Writes back the per-object state an INSERT statement changed, once per object rather than once per report.';
 
-CREATE FUNCTION status_history.history_prefetch(object_ids text[])
-RETURNS void
-AS 'MODULE_PATHNAME', 'status_history_prefetch'
-LANGUAGE C VOLATILE STRICT
+CREATE FUNCTION status_history.objects_guard()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'status_history_objects_guard'
+LANGUAGE C
 SET search_path = pg_catalog, pg_temp;
 
-COMMENT ON FUNCTION status_history.history_prefetch(text[]) IS
-    'Internal to reconnect(): locks the listed objects and reads their state for the INSERT that follows, in one query.';
+COMMENT ON FUNCTION status_history.objects_guard() IS
+    'Before any statement on status_history.objects not issued by the extension itself, writes back and forgets the cached per-object state.';
 
 CREATE FUNCTION status_history.history_refuse_change()
 RETURNS trigger
@@ -147,9 +164,6 @@ COMMENT ON FUNCTION status_history.history_refuse_change() IS
 CREATE TRIGGER history_insert
     BEFORE INSERT ON status_history.history
     FOR EACH ROW EXECUTE FUNCTION status_history.history_insert_trigger();
-CREATE TRIGGER history_statement_begin
-    BEFORE INSERT ON status_history.history
-    FOR EACH STATEMENT EXECUTE FUNCTION status_history.history_statement_trigger();
 CREATE TRIGGER history_statement_end
     AFTER INSERT ON status_history.history
     FOR EACH STATEMENT EXECUTE FUNCTION status_history.history_statement_trigger();
@@ -159,9 +173,13 @@ CREATE TRIGGER history_refuse_change
 
 -- Fire even under session_replication_role = replica.
 ALTER TABLE status_history.history ENABLE ALWAYS TRIGGER history_insert;
-ALTER TABLE status_history.history ENABLE ALWAYS TRIGGER history_statement_begin;
 ALTER TABLE status_history.history ENABLE ALWAYS TRIGGER history_statement_end;
 ALTER TABLE status_history.history ENABLE ALWAYS TRIGGER history_refuse_change;
+
+CREATE TRIGGER objects_guard
+    BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON status_history.objects
+    FOR EACH STATEMENT EXECUTE FUNCTION status_history.objects_guard();
+ALTER TABLE status_history.objects ENABLE ALWAYS TRIGGER objects_guard;
 
 -- ---------------------------------------------------------------------------
 -- Writing.
@@ -181,6 +199,22 @@ SET search_path = pg_catalog, pg_temp;
 
 COMMENT ON FUNCTION status_history.report(text, text, text, jsonb, text, bigint, timestamptz) IS
     'Appends one report stamped by the database clock and returns the stored row (stale when fenced).';
+
+CREATE FUNCTION status_history.report_many(
+    object_ids  text[],
+    statuses    text[],
+    errors      text[]        DEFAULT NULL,
+    details     jsonb[]       DEFAULT NULL,
+    replica_ids text[]        DEFAULT NULL,
+    generations bigint[]      DEFAULT NULL,
+    reported_at timestamptz[] DEFAULT NULL)
+RETURNS SETOF status_history.history
+AS 'MODULE_PATHNAME', 'status_history_report_many'
+LANGUAGE C VOLATILE
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION status_history.report_many(text[], text[], text[], jsonb[], text[], bigint[], timestamptz[]) IS
+    'Appends a batch of reports (element i of each array is report i) after locking their objects in one fixed order, so that batches never deadlock; returns the stored rows.';
 
 -- ---------------------------------------------------------------------------
 -- Reading.
@@ -233,147 +267,12 @@ CREATE FUNCTION status_history.reconnect(
     replica_id text   DEFAULT NULL,
     object_ids text[] DEFAULT NULL)
 RETURNS SETOF status_history.history
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    new_generation CONSTANT bigint := $1;
-    by_replica     CONSTANT text   := $2;
-    listed         CONSTANT text[] := $3;
-    candidates     text[];     -- NULL: every object
-    scope          text[];     -- the locked objects in scope
-    blocker        record;
-BEGIN
-    IF new_generation IS NULL THEN
-        RAISE EXCEPTION 'generation must not be null'
-            USING ERRCODE = 'null_value_not_allowed',
-                  HINT = 'Pass the generation of the controller or deployment that is reconnecting.';
-    END IF;
-    IF new_generation < 0 THEN
-        RAISE EXCEPTION 'generation must not be negative, got %', new_generation
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Generations start at 0 and only grow.';
-    END IF;
-    IF listed IS NOT NULL AND pg_catalog.array_position(listed, NULL) IS NOT NULL THEN
-        RAISE EXCEPTION 'object_ids must not contain NULL'
-            USING ERRCODE = 'null_value_not_allowed',
-                  HINT = 'List object ids only, or pass NULL to reconnect every object in scope.';
-    END IF;
-    IF listed IS NOT NULL AND pg_catalog.array_position(listed, '') IS NOT NULL THEN
-        RAISE EXCEPTION 'object_ids must not contain an empty object id'
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Object ids are non-empty strings.';
-    END IF;
-    IF by_replica = '' THEN
-        RAISE EXCEPTION 'replica_id must not be empty'
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Pass NULL to reconnect without naming a replica.';
-    END IF;
-
-    -- One reconnect at a time; reports go on meanwhile (they take weaker locks).
-    LOCK TABLE status_history.objects IN SHARE UPDATE EXCLUSIVE MODE;
-
-    -- Candidates: listed objects, else those the replica reported on, else all.
-    IF listed IS NOT NULL THEN
-        SELECT pg_catalog.array_agg(DISTINCT l.id)
-          INTO candidates
-          FROM pg_catalog.unnest(listed) AS l(id);
-        -- A listed object that never reported still gets a fence.
-        INSERT INTO status_history.objects (object_id)
-        SELECT c.id FROM pg_catalog.unnest(candidates) AS c(id) ORDER BY c.id
-            ON CONFLICT (object_id) DO NOTHING;
-        candidates := COALESCE(candidates, '{}');
-    ELSIF by_replica IS NOT NULL THEN
-        SELECT COALESCE(pg_catalog.array_agg(DISTINCT h.object_id), '{}')
-          INTO candidates
-          FROM status_history.history AS h
-         WHERE h.replica_id OPERATOR(pg_catalog.=) by_replica;
-    END IF;
-
-    -- Lock the scope in a fixed order (concurrent reports and reconnects cannot
-    -- deadlock) and fix it: an object created after this is not in scope, so
-    -- every object re-stamped below is also one whose fence is raised.
-    -- (Arrays are joined through unnest(): "= ANY (variable)" is not hashed.)
-    IF candidates IS NULL THEN
-        SELECT COALESCE(pg_catalog.array_agg(l.object_id), '{}')
-          INTO scope
-          FROM (SELECT o.object_id
-                  FROM status_history.objects AS o
-                 ORDER BY o.object_id
-                   FOR UPDATE) AS l;
-    ELSE
-        SELECT COALESCE(pg_catalog.array_agg(l.object_id), '{}')
-          INTO scope
-          FROM (SELECT o.object_id
-                  FROM status_history.objects AS o
-                  JOIN pg_catalog.unnest(candidates) AS c(id)
-                    ON o.object_id OPERATOR(pg_catalog.=) c.id
-                 ORDER BY o.object_id
-                   FOR UPDATE OF o) AS l;
-    END IF;
-
-    SELECT o.object_id, o.fence INTO blocker
-      FROM status_history.objects AS o
-      JOIN pg_catalog.unnest(scope) AS s(id) ON o.object_id OPERATOR(pg_catalog.=) s.id
-     WHERE o.fence OPERATOR(pg_catalog.>) new_generation
-     ORDER BY o.fence DESC, o.object_id
-     LIMIT 1;
-    IF FOUND THEN
-        RAISE EXCEPTION 'generation % is below the fence % of object "%"',
-                        new_generation, blocker.fence, blocker.object_id
-            USING ERRCODE = 'object_not_in_prerequisite_state',
-                  DETAIL = 'A controller with a newer generation has already reconnected.',
-                  HINT = 'This controller is superseded: stop it, or reconnect with a generation at least as high as the fence.';
-    END IF;
-
-    UPDATE status_history.objects AS o
-       SET fence = new_generation
-      FROM pg_catalog.unnest(scope) AS s(id)
-     WHERE o.object_id OPERATOR(pg_catalog.=) s.id
-       AND o.fence OPERATOR(pg_catalog.<) new_generation;
-
-    -- The INSERT below must follow at once: it consumes what this reads.
-    PERFORM status_history.history_prefetch(scope);
-
-    -- Re-stamp the current status of every live object in scope.  The insert
-    -- trigger stamps each copy later than every row in the table.
-    RETURN QUERY
-    WITH appended AS (
-        INSERT INTO status_history.history AS h
-            (object_id, status, error, details, replica_id, generation, reported_at)
-        SELECT c.object_id, c.status, c.error, c.details, c.replica_id,
-               new_generation, c.reported_at
-          FROM (
-                SELECT o.object_id, o.status, o.error, o.details, o.replica_id, o.reported_at
-                  FROM status_history.objects AS o
-                  JOIN pg_catalog.unnest(scope) AS s(id) ON o.object_id OPERATOR(pg_catalog.=) s.id
-                 WHERE by_replica IS NULL
-                   AND o.occurred_at IS NOT NULL
-                   AND o.status OPERATOR(pg_catalog.<>) 'dropped'
-                UNION ALL
-                SELECT o.object_id, r.status, r.error, r.details, r.replica_id, r.reported_at
-                  FROM status_history.objects AS o
-                  JOIN pg_catalog.unnest(scope) AS s(id) ON o.object_id OPERATOR(pg_catalog.=) s.id
-                 CROSS JOIN LATERAL (
-                        SELECT h2.status, h2.error, h2.details, h2.replica_id, h2.reported_at
-                          FROM status_history.history AS h2
-                         WHERE h2.replica_id OPERATOR(pg_catalog.=) by_replica
-                           AND h2.object_id OPERATOR(pg_catalog.=) o.object_id
-                         ORDER BY h2.occurred_at DESC
-                         LIMIT 1) AS r
-                 WHERE by_replica IS NOT NULL
-                   AND o.occurred_at IS NOT NULL
-                   AND o.status OPERATOR(pg_catalog.<>) 'dropped'
-               ) AS c
-         ORDER BY c.object_id
-        RETURNING h.*
-    )
-    SELECT * FROM appended;
-END
-$$;
+AS 'MODULE_PATHNAME', 'status_history_reconnect'
+LANGUAGE C VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
 
 COMMENT ON FUNCTION status_history.reconnect(bigint, text, text[]) IS
-    'Raises the fence of every object in scope to generation and re-stamps their current status so it sorts last; returns the appended rows.';
+    'Raises the fence of every object in scope to generation (and, without an object list, the database-wide or the replica''s floor) and re-stamps their current status so it sorts last; returns the appended rows.';
 
 -- ---------------------------------------------------------------------------
 -- Privileges: everyone may read; writing and fencing are granted explicitly.
@@ -382,9 +281,11 @@ REVOKE ALL ON ALL TABLES IN SCHEMA status_history FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA status_history FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA status_history FROM PUBLIC;
 GRANT USAGE ON SCHEMA status_history TO PUBLIC;
-GRANT SELECT ON status_history.history, status_history.objects, status_history.statuses TO PUBLIC;
+GRANT SELECT ON status_history.history, status_history.objects, status_history.floors,
+                status_history.statuses TO PUBLIC;
 GRANT EXECUTE ON FUNCTION status_history.latest(text[], boolean) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION status_history.monotonic_now() TO PUBLIC;
 GRANT EXECUTE ON FUNCTION status_history.report(text, text, text, jsonb, text, bigint, timestamptz) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION status_history.report_many(text[], text[], text[], jsonb[], text[], bigint[], timestamptz[]) TO PUBLIC;
 -- Writing needs INSERT on status_history.history (granted per role); fencing
 -- needs EXECUTE on reconnect().  Trigger functions need no grant to fire.

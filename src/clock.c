@@ -18,6 +18,7 @@
  */
 #include "postgres.h"
 
+#include "access/relation.h"
 #include "access/xact.h"
 #include "access/xlog.h"
 #include "executor/spi.h"
@@ -29,6 +30,9 @@
 #include "storage/shmem.h"
 #include "utils/builtins.h"
 #include "utils/fmgrprotos.h"
+#include "utils/inval.h"
+#include "utils/rel.h"
+#include "utils/syscache.h"
 #include "utils/timestamp.h"
 
 #include "status_history.h"
@@ -42,6 +46,8 @@
 typedef struct ClockSlot
 {
 	Oid			dbid;			/* InvalidOid: free */
+	Oid			bound_relid;	/* the clock_bound sequence "bound" is persisted in */
+	Oid			bound_node;		/* and its relfilenode (a RESTART rewrites it) */
 	bool		seeded;			/* last and bound read from the database */
 	TimestampTz last;			/* newest stamp handed out or observed */
 	TimestampTz bound;			/* persisted: no stamp is handed out above it */
@@ -56,6 +62,10 @@ typedef struct ClockShared
 
 static ClockShared *clock_shared = NULL;
 static ClockSlot *my_slot = NULL;
+static bool bound_checked = false;	/* the slot's sequence is still ours */
+static Oid	bound_checked_relid = InvalidOid;
+
+static void clock_relcache_callback(Datum arg, Oid relid);
 
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
@@ -103,6 +113,7 @@ clock_shmem_startup(void)
 void
 sh_clock_init(void)
 {
+	CacheRegisterRelcacheCallback(clock_relcache_callback, (Datum) 0);
 	if (!process_shared_preload_libraries_in_progress)
 		return;
 	prev_shmem_request_hook = shmem_request_hook;
@@ -111,17 +122,41 @@ sh_clock_init(void)
 	shmem_startup_hook = clock_shmem_startup;
 }
 
-/* This database's slot, claimed on first use. */
+/* Free the slots of databases that no longer exist; true if any was freed. */
+static bool
+clock_reclaim(void)
+{
+	Oid			dbids[CLOCK_SLOTS];
+	bool		freed = false;
+
+	LWLockAcquire(&clock_shared->lock, LW_SHARED);
+	for (int i = 0; i < CLOCK_SLOTS; i++)
+		dbids[i] = clock_shared->slots[i].dbid;
+	LWLockRelease(&clock_shared->lock);
+
+	/* Catalog lookups outside the lock; the slot is freed only if unchanged. */
+	for (int i = 0; i < CLOCK_SLOTS; i++)
+	{
+		if (!OidIsValid(dbids[i]) ||
+			SearchSysCacheExists1(DATABASEOID, ObjectIdGetDatum(dbids[i])))
+			continue;
+		LWLockAcquire(&clock_shared->lock, LW_EXCLUSIVE);
+		if (clock_shared->slots[i].dbid == dbids[i])
+		{
+			clock_shared->slots[i].dbid = InvalidOid;
+			freed = true;
+		}
+		LWLockRelease(&clock_shared->lock);
+	}
+	return freed;
+}
+
+/* Find or claim this database's slot; NULL when every slot is taken. */
 static ClockSlot *
-clock_slot(void)
+clock_claim(void)
 {
 	ClockSlot  *slot = NULL;
 	ClockSlot  *free_slot = NULL;
-
-	if (my_slot != NULL && my_slot->dbid == MyDatabaseId)
-		return my_slot;
-	if (clock_shared == NULL)
-		clock_attach();
 
 	LWLockAcquire(&clock_shared->lock, LW_EXCLUSIVE);
 	for (int i = 0; i < CLOCK_SLOTS && slot == NULL; i++)
@@ -138,7 +173,23 @@ clock_slot(void)
 		slot->dbid = MyDatabaseId;
 	}
 	LWLockRelease(&clock_shared->lock);
+	return slot;
+}
 
+/* This database's slot, claimed on first use. */
+static ClockSlot *
+clock_slot(void)
+{
+	ClockSlot  *slot;
+
+	if (my_slot != NULL && my_slot->dbid == MyDatabaseId)
+		return my_slot;
+	if (clock_shared == NULL)
+		clock_attach();
+
+	slot = clock_claim();
+	if (slot == NULL && clock_reclaim())
+		slot = clock_claim();
 	if (slot == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
@@ -187,12 +238,49 @@ clock_seed(ClockSlot *slot)
 	LWLockRelease(&clock_shared->lock);
 }
 
+/*
+ * The bound in the slot is only as good as the sequence it was persisted in.
+ * When the extension was dropped and created again, or the sequence was
+ * restarted, that sequence is gone: forget the bound (the last stamp stays),
+ * so that the next stamp persists a new one.
+ */
+static void
+clock_check_bound(ClockSlot *slot)
+{
+	Oid			relid = sh_relation_oid("clock_bound");
+	Relation	seq = relation_open(relid, AccessShareLock);
+	Oid			node = seq->rd_node.relNode;
+
+	relation_close(seq, AccessShareLock);
+	bound_checked_relid = relid;
+	LWLockAcquire(&clock_shared->lock, LW_EXCLUSIVE);
+	if (slot->bound_relid != relid || slot->bound_node != node)
+	{
+		slot->bound_relid = relid;
+		slot->bound_node = node;
+		slot->bound = 0;
+		slot->seeded = false;
+	}
+	LWLockRelease(&clock_shared->lock);
+	bound_checked = true;
+}
+
+/* The sequence changed (or everything did): check it again. */
+static void
+clock_relcache_callback(Datum arg, Oid relid)
+{
+	if (relid == InvalidOid || relid == bound_checked_relid)
+		bound_checked = false;
+}
+
 /* The slot, seeded; every entry point goes through here. */
 static ClockSlot *
 clock_ready(void)
 {
 	ClockSlot  *slot = clock_slot();
 
+	if (!bound_checked)
+		clock_check_bound(slot);
 	if (!slot->seeded)
 		clock_seed(slot);
 	return slot;
@@ -291,15 +379,32 @@ sh_clock_next(void)
 	}
 }
 
-/* An imported stamp: later stamps must come after it. */
+/*
+ * An imported stamp: later stamps must come after it, also after a restart
+ * (the import may sit in a prepared transaction that commits after one), so
+ * the persisted bound is raised above it too.
+ */
 void
 sh_clock_observe(TimestampTz stamp)
 {
-	ClockSlot  *slot = clock_ready();
+	ClockSlot  *slot;
+	bool		above;
 
+	clock_check_writable();
+	slot = clock_ready();
 	LWLockAcquire(&clock_shared->lock, LW_EXCLUSIVE);
 	slot->last = Max(slot->last, stamp);
+	above = stamp > slot->bound;
 	LWLockRelease(&clock_shared->lock);
+	if (above)
+	{
+		if (!IS_VALID_TIMESTAMP(stamp + BOUND_AHEAD))
+			ereport(ERROR,
+					(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
+					 errmsg("occurred_at is too close to the end of the timestamp range"),
+					 errhint("Import stamps no later than the present.")));
+		clock_raise_bound(slot, stamp + BOUND_AHEAD);
+	}
 }
 
 /* SQL: status_history.monotonic_now() */

@@ -1,17 +1,16 @@
 /*
- * history.c — the triggers that make status_history.history append-only.
+ * history.c — the triggers that make status_history.history append-only,
+ * and the two ways of writing to it from C: report() and report_many().
  *
  * The insert trigger is the hot path of the extension.  For each new row it
  * validates the report, locks the object (serializing reports on it), takes a
  * stamp from the clock, decides whether the report is stale (below the
- * object's fence, or after the object was dropped) and, when it is the newest
- * non-stale report, makes it the object's current report (objects.c caches
- * that per statement; the statement trigger brackets it).  Only the table's
- * owner may supply occurred_at (import and restore); the clock then continues
- * above it.  Another trigger refuses UPDATE, DELETE and TRUNCATE.
- *
- * Also here: report(), which is exactly a plain INSERT with a kept plan, and
- * the SQL entry point of the prefetch that reconnect() uses.
+ * object's fence or a generation floor, or after the object was dropped) and,
+ * when it is the newest non-stale report, makes it the object's current
+ * report (objects.c caches that and writes it back; the AFTER STATEMENT
+ * trigger is the usual write-back point).  Only the table's owner may supply
+ * occurred_at (import and restore); the clock then continues above it.
+ * Another trigger refuses UPDATE, DELETE and TRUNCATE.
  */
 #include "postgres.h"
 
@@ -24,9 +23,11 @@
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
 #include "utils/acl.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/rel.h"
 #include "utils/timestamp.h"
+#include "utils/tuplestore.h"
 
 #include "status_history.h"
 
@@ -34,6 +35,7 @@ PG_FUNCTION_INFO_V1(status_history_insert_trigger);
 PG_FUNCTION_INFO_V1(status_history_statement_trigger);
 PG_FUNCTION_INFO_V1(status_history_refuse_change);
 PG_FUNCTION_INFO_V1(status_history_report);
+PG_FUNCTION_INFO_V1(status_history_report_many);
 PG_FUNCTION_INFO_V1(status_history_prefetch);
 
 static const char *const known_statuses[] = {
@@ -198,23 +200,6 @@ check_imported_stamp(Relation rel, TimestampTz stamp)
 				 errhint("Import the report with the time it actually occurred.")));
 }
 
-/* Gather what objects.c needs to store a current report. */
-static void
-fill_report(ShReport *report, Datum *values, bool *nulls, const HistoryColumns *cols)
-{
-	report->object_id = values[cols->object_id];
-	report->status = values[cols->status];
-	report->error = values[cols->error];
-	report->error_null = nulls[cols->error];
-	report->details = values[cols->details];
-	report->details_null = nulls[cols->details];
-	report->replica_id = values[cols->replica_id];
-	report->replica_null = nulls[cols->replica_id];
-	report->reported_at = values[cols->reported_at];
-	report->reported_null = nulls[cols->reported_at];
-	report->generation = DatumGetInt64(values[cols->generation]);
-}
-
 /* SQL: BEFORE INSERT FOR EACH ROW on status_history.history */
 Datum
 status_history_insert_trigger(PG_FUNCTION_ARGS)
@@ -227,7 +212,10 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 	bool	   *nulls;
 	bool		imported;
 	bool		stale;
-	ShReport	report;
+	int64		generation;
+	int64		floor;
+	TimestampTz stamp;
+	char		status[16];
 	ShObjectState *state;
 
 	check_trigger_call(fcinfo, "history_insert_trigger");
@@ -248,39 +236,43 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 	imported = !nulls[cols.occurred_at];
 	if (imported)
 		check_imported_stamp(rel, DatumGetTimestampTz(values[cols.occurred_at]));
-	fill_report(&report, values, nulls, &cols);
+	generation = DatumGetInt64(values[cols.generation]);
+	text_to_cstring_buffer(DatumGetTextPP(values[cols.status]), status, sizeof(status));
+	sh_fence_note_report();
 
+	/* Floors first: they may make a first report stale before its row exists. */
+	floor = sh_fence_floor(values[cols.replica_id], nulls[cols.replica_id]);
 	/* Lock first, then stamp: stamp order is commit order per object. */
-	state = sh_objects_lock(report.object_id);
+	state = sh_objects_lock(values[cols.object_id], sh_fence_floor((Datum) 0, true));
 	if (imported)
 	{
-		report.occurred_at = DatumGetTimestampTz(values[cols.occurred_at]);
-		sh_clock_observe(report.occurred_at);
+		stamp = DatumGetTimestampTz(values[cols.occurred_at]);
+		sh_clock_observe(stamp);
 	}
 	else
-		report.occurred_at = sh_clock_next();
+		stamp = sh_clock_next();
 
 	stale = (!nulls[cols.stale] && DatumGetBool(values[cols.stale])) ||
-		report.generation < state->fence ||
+		generation < state->fence || generation < floor ||
 		(state->has_current && strcmp(state->status, "dropped") == 0);
 
-	if (!stale && (!state->has_current || report.occurred_at > state->current_at))
+	if (!stale)
 	{
-		bool		same_status = state->has_current &&
-			text_equals(report.status, state->status);
-
-		sh_objects_set_current(state, &report,
-							   same_status ? state->status_since : report.occurred_at);
+		if (!state->has_current || stamp > state->current_at)
+			sh_objects_set_current(state, stamp, status);
+		else
+			/* An import into the past may break the current run of a status. */
+			sh_objects_mark_recompute(state);
 	}
 
-	values[cols.occurred_at] = TimestampTzGetDatum(report.occurred_at);
+	values[cols.occurred_at] = TimestampTzGetDatum(stamp);
 	nulls[cols.occurred_at] = false;
 	values[cols.stale] = BoolGetDatum(stale);
 	nulls[cols.stale] = false;
 	return PointerGetDatum(heap_form_tuple(desc, values, nulls));
 }
 
-/* SQL: BEFORE and AFTER INSERT FOR EACH STATEMENT: the object cache's lifetime */
+/* SQL: AFTER INSERT FOR EACH STATEMENT: write the statement's state back */
 Datum
 status_history_statement_trigger(PG_FUNCTION_ARGS)
 {
@@ -296,10 +288,8 @@ status_history_statement_trigger(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
 				 errmsg("history_statement_trigger: must be fired for each statement on insert")));
 
-	if (TRIGGER_FIRED_BEFORE(trigdata->tg_event))
-		sh_objects_statement_begin();
-	else
-		sh_objects_statement_end();
+	if (TRIGGER_FIRED_AFTER(trigdata->tg_event))
+		sh_objects_flush();
 	return PointerGetDatum(NULL);
 }
 
@@ -330,6 +320,7 @@ status_history_refuse_change(PG_FUNCTION_ARGS)
  * SQL: status_history.report(...) -- exactly a plain INSERT (the insert
  * trigger does the work), as the caller, with the plan kept: a SQL-language
  * function would be parsed and planned again for every calling query.
+ * RETURNING the whole row keeps the table's row type, dropped columns and all.
  */
 Datum
 status_history_report(PG_FUNCTION_ARGS)
@@ -339,7 +330,8 @@ status_history_report(PG_FUNCTION_ARGS)
 	Datum		args[7];
 	char		nulls[7];
 	int			ret;
-	HeapTupleHeader row;
+	bool		isnull;
+	Datum		row;
 
 	for (int i = 0; i < 7; i++)
 	{
@@ -348,22 +340,123 @@ status_history_report(PG_FUNCTION_ARGS)
 	}
 	SPI_connect();
 	if (plan == NULL)
-		plan = sh_prepare_kept("INSERT INTO status_history.history"
+		plan = sh_prepare_kept("INSERT INTO status_history.history AS h"
 							   " (object_id, status, error, details, replica_id, generation, reported_at)"
-							   " VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING *",
+							   " VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING h",
 							   7, types);
 	ret = SPI_execute_plan(plan, args, nulls, false, 0);
 	if (ret != SPI_OK_INSERT_RETURNING || SPI_processed != 1)
 		elog(ERROR, "status_history: report failed: %s", SPI_result_code_string(ret));
-	row = SPI_returntuple(SPI_tuptable->vals[0], SPI_tuptable->tupdesc);
+	row = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	row = SPI_datumTransfer(row, false, -1);
 	SPI_finish();
-	PG_RETURN_HEAPTUPLEHEADER(row);
+	PG_RETURN_DATUM(row);
 }
 
-/* SQL: status_history.history_prefetch(text[]) -- internal, for reconnect() */
+/* One array argument of report_many(): NULL, or as long as object_ids. */
+static Datum
+batch_array(FunctionCallInfo fcinfo, int argno, int n, const char *name)
+{
+	ArrayType  *a;
+
+	if (PG_ARGISNULL(argno))
+		return (Datum) 0;
+	a = PG_GETARG_ARRAYTYPE_P(argno);
+	if (ARR_NDIM(a) > 1 || ArrayGetNItems(ARR_NDIM(a), ARR_DIMS(a)) != n)
+		ereport(ERROR,
+				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+				 errmsg("%s must be a one-dimensional array as long as object_ids", name),
+				 errhint("Pass one element per report, NULL where a report has none, or NULL for the whole argument.")));
+	return PointerGetDatum(a);
+}
+
+/*
+ * SQL: status_history.report_many(object_ids text[], statuses text[], ...)
+ * -- a batch of reports that cannot deadlock with any other batch or with
+ * reconnect(), whatever order the caller lists them in: every object is
+ * locked first, in one fixed order, then the rows are inserted in the order
+ * given (so one object's reports keep their order).
+ */
+Datum
+status_history_report_many(PG_FUNCTION_ARGS)
+{
+	static SPIPlanPtr plan = NULL;
+	Oid			types[7] = {TEXTARRAYOID, TEXTARRAYOID, TEXTARRAYOID, JSONBARRAYOID,
+		TEXTARRAYOID, INT8ARRAYOID, TIMESTAMPTZARRAYOID};
+	const char *names[7] = {"object_ids", "statuses", "errors", "details",
+		"replica_ids", "generations", "reported_at"};
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	ArrayType  *ids;
+	Datum	   *elems;
+	bool	   *elem_nulls;
+	int			n;
+	Datum		args[7];
+	char		nulls[7];
+	int			ret;
+
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("object_ids and statuses must not be null"),
+				 errhint("Pass one object id and one status per report.")));
+	ids = PG_GETARG_ARRAYTYPE_P(0);
+	if (ARR_NDIM(ids) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+				 errmsg("object_ids must be a one-dimensional array"),
+				 errhint("Pass one object id per report.")));
+	deconstruct_array(ids, TEXTOID, -1, false, TYPALIGN_INT, &elems, &elem_nulls, &n);
+	for (int i = 0; i < 7; i++)
+	{
+		args[i] = i == 0 ? PointerGetDatum(ids) : batch_array(fcinfo, i, n, names[i]);
+		nulls[i] = args[i] == (Datum) 0 ? 'n' : ' ';
+	}
+
+	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+
+	/* Lock in a fixed order first; NULL ids are refused by the insert itself. */
+	{
+		int			m = 0;
+
+		for (int i = 0; i < n; i++)
+			if (!elem_nulls[i] && VARSIZE_ANY_EXHDR(DatumGetTextPP(elems[i])) > 0)
+				elems[m++] = elems[i];
+		m = sh_sort_ids(elems, m);
+		sh_fence_note_report();
+		for (int i = 0; i < m; i++)
+			sh_objects_lock(elems[i], sh_fence_floor((Datum) 0, true));
+	}
+
+	SPI_connect();
+	if (plan == NULL)
+		plan = sh_prepare_kept("INSERT INTO status_history.history AS h"
+							   " (object_id, status, error, details, replica_id, generation, reported_at)"
+							   " SELECT u.o, u.s, u.e, u.d, u.r, COALESCE(u.g, 0), u.t"
+							   "   FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
+							   "                   pg_catalog.unnest($3), pg_catalog.unnest($4),"
+							   "                   pg_catalog.unnest($5), pg_catalog.unnest($6),"
+							   "                   pg_catalog.unnest($7)) WITH ORDINALITY"
+							   "        AS u(o, s, e, d, r, g, t, n)"
+							   "  WHERE u.n OPERATOR(pg_catalog.<=) pg_catalog.cardinality($1)"
+							   "  ORDER BY u.n"
+							   " RETURNING h",
+							   7, types);
+	ret = SPI_execute_plan(plan, args, nulls, false, 0);
+	if (ret != SPI_OK_INSERT_RETURNING)
+		elog(ERROR, "status_history: report_many failed: %s", SPI_result_code_string(ret));
+	sh_put_returned_rows(rsinfo);
+	SPI_finish();
+	return (Datum) 0;
+}
+
+/*
+ * SQL (0.1.0 only): status_history.history_prefetch(text[]).  A database not
+ * yet updated from 0.1.0 runs the old PL/pgSQL reconnect(), which changes
+ * fences with plain SQL and then calls this: forget what the cache holds.
+ */
 Datum
 status_history_prefetch(PG_FUNCTION_ARGS)
 {
-	sh_objects_prefetch(PG_GETARG_DATUM(0));
+	sh_objects_invalidate();
 	PG_RETURN_VOID();
 }

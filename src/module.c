@@ -2,7 +2,8 @@
  * module.c — loading status_history, and the helpers every file shares:
  * finding the extension's relations and running SPI as their owner.
  *
- * Also: preparing an SPI plan once per backend and keeping it.
+ * Also: preparing an SPI plan once per backend and keeping it, and running
+ * one with the newest committed state rather than the caller's snapshot.
  *
  * Reporters need only INSERT on status_history.history; the per-object state
  * and the clock's persisted bound belong to the extension owner.  The C code
@@ -12,13 +13,17 @@
 #include "postgres.h"
 
 #include "access/htup_details.h"
+#include "access/xact.h"
 #include "catalog/namespace.h"
 #include "fmgr.h"
 #include "miscadmin.h"
 #include "catalog/pg_class.h"
 #include "executor/spi.h"
+#include "funcapi.h"
 #include "utils/lsyscache.h"
+#include "utils/snapmgr.h"
 #include "utils/syscache.h"
+#include "utils/tuplestore.h"
 
 #include "status_history.h"
 
@@ -32,14 +37,23 @@ _PG_init(void)
 {
 	sh_clock_init();
 	sh_objects_init();
+	sh_fence_init();
+}
+
+/* The OID of status_history.<relname>, or InvalidOid (an older version's schema). */
+Oid
+sh_relation_oid_if_exists(const char *relname)
+{
+	Oid			nsp = get_namespace_oid(SH_SCHEMA, true);
+
+	return OidIsValid(nsp) ? get_relname_relid(relname, nsp) : InvalidOid;
 }
 
 /* The OID of status_history.<relname>; errors clearly when it is missing. */
 Oid
 sh_relation_oid(const char *relname)
 {
-	Oid			nsp = get_namespace_oid(SH_SCHEMA, true);
-	Oid			relid = OidIsValid(nsp) ? get_relname_relid(relname, nsp) : InvalidOid;
+	Oid			relid = sh_relation_oid_if_exists(relname);
 
 	if (!OidIsValid(relid))
 		ereport(ERROR,
@@ -93,4 +107,42 @@ sh_prepare_kept(const char *sql, int nargs, Oid *argtypes)
 	if (SPI_keepplan(plan) != 0)
 		elog(ERROR, "status_history: SPI_keepplan failed");
 	return plan;
+}
+
+/*
+ * Run a kept plan against the newest committed state (plus our own changes),
+ * as PostgreSQL's RI triggers do: per-object state is a serialization point,
+ * not a snapshot-consistent read, so REPEATABLE READ callers must not see an
+ * older version of a row they have locked (that would fail with 40001).
+ */
+int
+sh_execute_latest(SPIPlanPtr plan, Datum *args, const char *nulls,
+				  bool read_only, long count)
+{
+	if (read_only)
+		CommandCounterIncrement();
+	return SPI_execute_snapshot(plan, args, nulls, GetLatestSnapshot(),
+								InvalidSnapshot, read_only, true, count);
+}
+
+/*
+ * Hand the rows of an "INSERT ... RETURNING h" (one whole-row column of the
+ * history's row type, dropped columns and all) to an SRF's tuplestore.
+ */
+void
+sh_put_returned_rows(ReturnSetInfo *rsinfo)
+{
+	for (uint64 i = 0; i < SPI_processed; i++)
+	{
+		bool		isnull;
+		HeapTupleHeader row = DatumGetHeapTupleHeader(SPI_getbinval(SPI_tuptable->vals[i],
+																	SPI_tuptable->tupdesc, 1, &isnull));
+		HeapTupleData tuple;
+
+		tuple.t_len = HeapTupleHeaderGetDatumLength(row);
+		ItemPointerSetInvalid(&tuple.t_self);
+		tuple.t_tableOid = InvalidOid;
+		tuple.t_data = row;
+		tuplestore_puttuple(rsinfo->setResult, &tuple);
+	}
 }

@@ -1,158 +1,202 @@
 /*
  * objects.c — per-object state in status_history.objects: the fence and a
- * copy of the current (newest non-stale) report.
+ * copy of the current (newest non-stale) report, and the write-back cache
+ * that keeps maintaining it cheap.
  *
- * The insert trigger locks an object's row before it takes a stamp, so that
- * reports on one object are serialized and stamp order equals commit order
- * for that object.  The row lock is held to the end of the transaction, so
- * nobody else can change the row meanwhile; that is what makes the cache
- * below safe.
+ * The rule this file is built around: after every statement, each object's
+ * row equals what a brute-force query over the history gives (its newest
+ * non-stale row, and the start of the unbroken run of that status).  The
+ * cache may delay a write; it never holds the only copy of a change at a
+ * point where PostgreSQL can drop it.
  *
- * Within one INSERT statement (bracketed by the statement triggers), object
- * states are cached in a hash table and written back once per object when
- * the statement ends, instead of once per report.  Updating one row many
- * times in one transaction builds HOT chains that every later lookup must
- * walk, so a bulk INSERT of many reports per object would otherwise slow
- * down with each report.  Where no statement trigger fires (logical
- * replication apply) every report is written through at once.
+ * - Locking.  The insert trigger locks the object's row before it takes a
+ *   stamp, so reports on one object are serialized and stamp order equals
+ *   commit order for that object.  The row is found and locked directly
+ *   (index scan + table_tuple_lock) against the newest committed version,
+ *   as RI triggers do, so REPEATABLE READ and SERIALIZABLE reporters do not
+ *   fail merely because another reporter committed a newer version.
  *
- * A nested INSERT (one started while another is running) first writes back
- * and forgets the cache, as reconnect() changes fences with plain SQL.  An
- * aborted subtransaction forgets the cache too: its row locks are gone.
- * reconnect() fills the cache for its own INSERT in one query (prefetch).
+ * - Cache.  The state of every locked object is kept in a hash table for the
+ *   rest of the transaction: nobody else can change a row we hold locked, and
+ *   our own SQL on the table (anything but this file's writes) first writes
+ *   the cache back and invalidates it (the statement trigger on objects).
+ *   A report only records its stamp and status in the entry; the write-back
+ *   copies the report itself from the history row with that stamp, so the
+ *   cache holds no report data and its size does not depend on it.
  *
- * SPI is used only on a cache miss and at write-back, as the extension owner
- * (reporters have no privileges on this table).  Plans are prepared once per
- * backend and kept.
+ * - Write-back happens after each INSERT statement (AFTER STATEMENT trigger),
+ *   after every executor run (ExecutorFinish: an executor stopped early by a
+ *   row limit fires no AFTER STATEMENT trigger) and utility command (COPY),
+ *   before commit and prepare, and before any other SQL touches the table.  A report whose row was not
+ *   inserted after all (ON CONFLICT DO NOTHING, a later BEFORE trigger that
+ *   returned NULL) or an imported row older than the current one makes the
+ *   object's state be recomputed from the history instead.
+ *
+ * - Undo log.  Before an entry is changed inside a subtransaction, its prior
+ *   image is saved for that nest level.  When the subtransaction aborts, its
+ *   rows, row locks and writes vanish, and so do the entries it locked and
+ *   the changes it made to older entries (their images are restored, dirty
+ *   again if the write-back is what was rolled back).  On subtransaction
+ *   commit the images move to the parent level.
  */
 #include "postgres.h"
 
+#include "access/genam.h"
+#include "access/heapam.h"
+#include "access/relscan.h"
+#include "access/table.h"
+#include "access/tableam.h"
 #include "access/xact.h"
 #include "catalog/pg_type.h"
+#include "commands/trigger.h"
 #include "common/hashfn.h"
+#include "executor/executor.h"
 #include "executor/spi.h"
+#include "fmgr.h"
+#include "lib/ilist.h"
+#include "miscadmin.h"
+#include "storage/bufmgr.h"
+#include "tcop/utility.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/datum.h"
+#include "utils/fmgroids.h"
 #include "utils/guc.h"
 #include "utils/hsearch.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
 
 #include "status_history.h"
 
-/* Nesting deeper than this is served without the cache. */
-#define MAX_STATEMENT_DEPTH 16
+PG_FUNCTION_INFO_V1(status_history_objects_guard);
 
-/* Write-backs of more objects than this go in one set-based UPDATE. */
-#define SET_FLUSH_MIN 8
+/* Write-backs go in set-based UPDATEs of at most this many objects. */
+#define FLUSH_CHUNK 4096
 
 /*
- * status_history.cache_max_objects: objects cached at most (a few hundred
- * bytes each); past it the cache is written back and forgotten, and objects
- * seen again are read again.
+ * status_history.cache_max_objects: entries kept at most; past it clean
+ * entries are dropped (and read again when needed).
  */
 static int	cache_max_objects = 262144;
+
+/* An entry's state as it was before a subtransaction changed it. */
+typedef struct UndoImage
+{
+	struct UndoImage *next;		/* older image (lower level) */
+	int			level;			/* the nest level whose abort restores this */
+	bool		valid;
+	bool		dirty;
+	bool		recompute;
+	ShObjectState state;
+} UndoImage;
 
 typedef struct CachedObject
 {
 	text	   *key;			/* object id, copied into the cache context */
+	int			lock_level;		/* nest level of the subtransaction that locked it */
+	bool		valid;			/* false: read the row again before use */
+	bool		dirty;			/* current report changed, not yet written */
+	bool		recompute;		/* write back by recomputing from the history */
 	ShObjectState state;
-	bool		dirty;			/* current report not yet written back */
-	ShReport	current;		/* datums copied into the cache context */
+	UndoImage  *undo;			/* newest first, levels strictly decreasing */
+	dlist_node	dirty_node;		/* in dirty_list while dirty */
+	dlist_node	nested_node;	/* in nested_list while lock_level > 1 or undo */
+	bool		in_nested;
 } CachedObject;
-
-static SPIPlanPtr lock_plan = NULL;
-static SPIPlanPtr create_plan = NULL;
-static SPIPlanPtr update_plan = NULL;
-static SPIPlanPtr update_many_plan = NULL;
-static SPIPlanPtr prefetch_plan = NULL;
 
 static MemoryContext cache_context = NULL;
 static HTAB *cache = NULL;
-static int	statement_depth = 0;
-static int	statement_levels[MAX_STATEMENT_DEPTH];	/* subtransaction nest levels */
-static ShObjectState direct_state;	/* the state when not caching */
+static dlist_head dirty_list;
+static dlist_head nested_list;
+static int	dirty_count = 0;
+static bool writing = false;	/* our own SQL on objects is running */
+
+static SPIPlanPtr create_plan = NULL;
+static SPIPlanPtr write_one_plan = NULL;
+static SPIPlanPtr write_many_plan = NULL;
+static SPIPlanPtr recompute_plan = NULL;
+
+static ExecutorFinish_hook_type prev_executor_finish = NULL;
+static ProcessUtility_hook_type prev_process_utility = NULL;
+
+/* Attribute numbers of the columns of objects that locking reads. */
+typedef struct ObjectColumns
+{
+	AttrNumber	fence;
+	AttrNumber	occurred_at;
+	AttrNumber	status;
+	AttrNumber	status_since;
+} ObjectColumns;
+
+/* ---- plans ---- */
+
+#define WRITE_SET \
+	"   SET occurred_at = h.occurred_at, status = h.status, error = h.error," \
+	"       details = h.details, replica_id = h.replica_id, generation = h.generation," \
+	"       reported_at = h.reported_at, status_since = u.since"
 
 static void
 prepare_plans(void)
 {
-	Oid			lock_types[1] = {TEXTOID};
-	Oid			prefetch_types[1] = {TEXTARRAYOID};
-	Oid			update_types[9] = {TEXTOID, TIMESTAMPTZOID, TEXTOID, TEXTOID, JSONBOID,
-		TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID};
-	Oid			array_types[9] = {TEXTARRAYOID, TIMESTAMPTZARRAYOID, TEXTARRAYOID,
-		TEXTARRAYOID, JSONBARRAYOID, TEXTARRAYOID, INT8ARRAYOID, TIMESTAMPTZARRAYOID,
-	TIMESTAMPTZARRAYOID};
+	Oid			create_types[2] = {TEXTOID, INT8OID};
+	Oid			one_types[3] = {TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID};
+	Oid			many_types[3] = {TEXTARRAYOID, TIMESTAMPTZARRAYOID, TIMESTAMPTZARRAYOID};
+	Oid			recompute_types[1] = {TEXTOID};
 
-	if (lock_plan != NULL)
+	if (create_plan != NULL)
 		return;
-	lock_plan = sh_prepare_kept(
-							 "SELECT o.fence, o.occurred_at, o.status, o.status_since"
-							 "  FROM status_history.objects AS o"
-							 " WHERE o.object_id OPERATOR(pg_catalog.=) $1"
-							 "   FOR UPDATE",
-							 1, lock_types);
-	/* Same columns as lock_plan, then the object id. */
-	prefetch_plan = sh_prepare_kept(
-								 "SELECT o.fence, o.occurred_at, o.status, o.status_since, o.object_id"
-								 "  FROM status_history.objects AS o"
-								 "  JOIN pg_catalog.unnest($1) AS s(id)"
-								 "    ON o.object_id OPERATOR(pg_catalog.=) s.id"
-								 "   FOR UPDATE OF o",
-								 1, prefetch_types);
-	/* Our own uncommitted row is as good as locked: others wait for us. */
 	create_plan = sh_prepare_kept(
-							   "INSERT INTO status_history.objects AS o (object_id) VALUES ($1)"
-							   "    ON CONFLICT (object_id) DO NOTHING"
-							   " RETURNING o.fence, o.occurred_at, o.status, o.status_since",
-							   1, lock_types);
-	update_plan = sh_prepare_kept(
-							   "UPDATE status_history.objects"
-							   "   SET occurred_at = $2, status = $3, error = $4, details = $5,"
-							   "       replica_id = $6, generation = $7, reported_at = $8,"
-							   "       status_since = $9"
-							   " WHERE object_id OPERATOR(pg_catalog.=) $1",
-							   9, update_types);
-	update_many_plan = sh_prepare_kept(
-									"UPDATE status_history.objects AS o"
-									"   SET occurred_at = u.occurred_at, status = u.status, error = u.error,"
-									"       details = u.details, replica_id = u.replica_id,"
-									"       generation = u.generation, reported_at = u.reported_at,"
-									"       status_since = u.status_since"
-									"  FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
-									"                  pg_catalog.unnest($3), pg_catalog.unnest($4),"
-									"                  pg_catalog.unnest($5), pg_catalog.unnest($6),"
-									"                  pg_catalog.unnest($7), pg_catalog.unnest($8),"
-									"                  pg_catalog.unnest($9))"
-									"       AS u(object_id, occurred_at, status, error, details,"
-									"            replica_id, generation, reported_at, status_since)"
-									" WHERE o.object_id OPERATOR(pg_catalog.=) u.object_id",
-									9, array_types);
+								  "INSERT INTO status_history.objects AS o (object_id, fence) VALUES ($1, $2)"
+								  "    ON CONFLICT (object_id) DO NOTHING",
+								  2, create_types);
+	/* The report is copied from its history row: it must be there, non-stale. */
+	write_one_plan = sh_prepare_kept(
+									 "UPDATE status_history.objects AS o" WRITE_SET
+									 "  FROM (SELECT $1::text AS object_id, $2::timestamptz AS stamp,"
+									 "               $3::timestamptz AS since) AS u"
+									 "  JOIN status_history.history AS h"
+									 "    ON h.occurred_at OPERATOR(pg_catalog.=) u.stamp"
+									 "   AND h.object_id OPERATOR(pg_catalog.=) u.object_id AND NOT h.stale"
+									 " WHERE o.object_id OPERATOR(pg_catalog.=) u.object_id",
+									 3, one_types);
+	write_many_plan = sh_prepare_kept(
+									  "UPDATE status_history.objects AS o" WRITE_SET
+									  "  FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
+									  "                  pg_catalog.unnest($3)) AS u(object_id, stamp, since)"
+									  "  JOIN status_history.history AS h"
+									  "    ON h.occurred_at OPERATOR(pg_catalog.=) u.stamp"
+									  "   AND h.object_id OPERATOR(pg_catalog.=) u.object_id AND NOT h.stale"
+									  " WHERE o.object_id OPERATOR(pg_catalog.=) u.object_id",
+									  3, many_types);
+	/* Brute force over one object's history: the definition of its state. */
+	recompute_plan = sh_prepare_kept(
+									 "UPDATE status_history.objects AS o"
+									 "   SET occurred_at = n.occurred_at, status = n.status, error = n.error,"
+									 "       details = n.details, replica_id = n.replica_id,"
+									 "       generation = n.generation, reported_at = n.reported_at,"
+									 "       status_since = (SELECT pg_catalog.min(s.occurred_at)"
+									 "                         FROM status_history.history AS s"
+									 "                        WHERE s.object_id OPERATOR(pg_catalog.=) $1 AND NOT s.stale"
+									 "                          AND s.status OPERATOR(pg_catalog.=) n.status"
+									 "                          AND s.occurred_at OPERATOR(pg_catalog.>) COALESCE("
+									 "                              (SELECT pg_catalog.max(b.occurred_at)"
+									 "                                 FROM status_history.history AS b"
+									 "                                WHERE b.object_id OPERATOR(pg_catalog.=) $1"
+									 "                                  AND NOT b.stale"
+									 "                                  AND b.status OPERATOR(pg_catalog.<>) n.status),"
+									 "                              '-infinity'::pg_catalog.timestamptz))"
+									 "  FROM (SELECT 1) AS one"
+									 "  LEFT JOIN LATERAL (SELECT h.* FROM status_history.history AS h"
+									 "                      WHERE h.object_id OPERATOR(pg_catalog.=) $1 AND NOT h.stale"
+									 "                      ORDER BY h.occurred_at DESC LIMIT 1) AS n ON true"
+									 " WHERE o.object_id OPERATOR(pg_catalog.=) $1"
+									 " RETURNING o.occurred_at, o.status, o.status_since",
+									 1, recompute_types);
 }
 
-/* Copy the locked row into state. */
-static void
-read_state(HeapTuple tuple, TupleDesc desc, ShObjectState *state)
-{
-	bool		isnull;
-	Datum		d;
-
-	memset(state, 0, sizeof(ShObjectState));
-	state->fence = DatumGetInt64(SPI_getbinval(tuple, desc, 1, &isnull));
-	d = SPI_getbinval(tuple, desc, 2, &isnull);
-	state->has_current = !isnull;
-	if (isnull)
-		return;
-	state->current_at = DatumGetTimestampTz(d);
-	d = SPI_getbinval(tuple, desc, 3, &isnull);
-	if (!isnull)
-		text_to_cstring_buffer(DatumGetTextPP(d), state->status, sizeof(state->status));
-	d = SPI_getbinval(tuple, desc, 4, &isnull);
-	state->status_since = isnull ? state->current_at : DatumGetTimestampTz(d);
-}
-
-/* Connect to SPI as the owner of the per-object state. */
+/* Connect to SPI as the owner of the per-object state; our writes are ours. */
 static void
 spi_begin(ShSavedUser *saved)
 {
@@ -168,71 +212,156 @@ spi_end(const ShSavedUser *saved)
 	SPI_finish();
 }
 
-/* Lock the object's row, creating it on first report, and read its state. */
-static void
-lock_and_read(Datum object_id, ShObjectState *state)
+/* Run one of our own statements on objects, without tripping the guard. */
+static int
+execute_own(SPIPlanPtr plan, Datum *args, const char *nulls)
 {
-	Datum		args[1] = {object_id};
+	int			ret;
+	bool		was_writing = writing;
+
+	writing = true;
+	PG_TRY();
+	{
+		ret = sh_execute_latest(plan, args, nulls, false, 0);
+	}
+	PG_FINALLY();
+	{
+		writing = was_writing;
+	}
+	PG_END_TRY();
+	return ret;
+}
+
+/* ---- locking a row directly ---- */
+
+static void
+object_columns(TupleDesc desc, ObjectColumns *cols)
+{
+	const char *names[4] = {"fence", "occurred_at", "status", "status_since"};
+	AttrNumber *slots[4] = {&cols->fence, &cols->occurred_at, &cols->status, &cols->status_since};
+
+	for (int i = 0; i < 4; i++)
+	{
+		*slots[i] = InvalidAttrNumber;
+		for (int a = 0; a < desc->natts; a++)
+		{
+			Form_pg_attribute att = TupleDescAttr(desc, a);
+
+			if (!att->attisdropped && strcmp(NameStr(att->attname), names[i]) == 0)
+				*slots[i] = att->attnum;
+		}
+		if (*slots[i] == InvalidAttrNumber)
+			elog(ERROR, "status_history: column \"%s\" is missing from status_history.objects",
+				 names[i]);
+	}
+}
+
+/* Copy the locked row's state out of the slot. */
+static void
+read_state(TupleTableSlot *slot, const ObjectColumns *cols, ShObjectState *state)
+{
+	bool		isnull;
+	Datum		d;
+
+	memset(state, 0, sizeof(ShObjectState));
+	state->fence = DatumGetInt64(slot_getattr(slot, cols->fence, &isnull));
+	d = slot_getattr(slot, cols->occurred_at, &isnull);
+	state->has_current = !isnull;
+	if (isnull)
+		return;
+	state->current_at = DatumGetTimestampTz(d);
+	d = slot_getattr(slot, cols->status, &isnull);
+	if (!isnull)
+		text_to_cstring_buffer(DatumGetTextPP(d), state->status, sizeof(state->status));
+	d = slot_getattr(slot, cols->status_since, &isnull);
+	state->status_since = isnull ? state->current_at : DatumGetTimestampTz(d);
+}
+
+/*
+ * Find the object's row and lock its newest version (waiting for whoever
+ * holds it).  Returns false when there is no row.
+ */
+static bool
+lock_row(Relation rel, Relation index, Datum object_id, ShObjectState *state)
+{
+	ObjectColumns cols;
+	Snapshot	snapshot;
+	IndexScanDesc scan;
+	ScanKeyData key;
+	TupleTableSlot *found = table_slot_create(rel, NULL);
+	TupleTableSlot *locked = table_slot_create(rel, NULL);
+	bool		have = false;
+
+	object_columns(RelationGetDescr(rel), &cols);
+	CommandCounterIncrement();	/* see our own latest write */
+	snapshot = RegisterSnapshot(GetLatestSnapshot());
+	ScanKeyInit(&key, 1, BTEqualStrategyNumber, F_TEXTEQ, object_id);
+	key.sk_collation = index->rd_indcollation[0];
+
+	scan = index_beginscan(rel, index, snapshot, 1, 0);
+	index_rescan(scan, &key, 1, NULL, 0);
+	while (index_getnext_slot(scan, ForwardScanDirection, found))
+	{
+		TM_FailureData tmfd;
+		ItemPointerData tid = found->tts_tid;
+		TM_Result	result;
+
+		result = table_tuple_lock(rel, &tid, snapshot, locked,
+								  GetCurrentCommandId(false),
+								  LockTupleNoKeyExclusive, LockWaitBlock,
+								  TUPLE_LOCK_FLAG_FIND_LAST_VERSION, &tmfd);
+		if (result == TM_Ok)
+		{
+			read_state(locked, &cols, state);
+			have = true;
+			break;
+		}
+		/* Our own changes are visible after the increment above. */
+		if (result != TM_Deleted)
+			elog(ERROR, "status_history: unexpected result %d locking an object", (int) result);
+		/* Deleted meanwhile (only by hand): treat as missing. */
+	}
+	index_endscan(scan);
+	UnregisterSnapshot(snapshot);
+	ExecDropSingleTupleTableSlot(found);
+	ExecDropSingleTupleTableSlot(locked);
+	return have;
+}
+
+/* Create the object's row; a concurrent creator's row makes this a no-op. */
+static void
+create_row(Datum object_id, int64 fence)
+{
+	Datum		args[2] = {object_id, Int64GetDatum(fence)};
 	ShSavedUser saved;
+	int			ret;
 
 	spi_begin(&saved);
-	for (int attempt = 0;; attempt++)
-	{
-		int			ret = SPI_execute_plan(lock_plan, args, NULL, false, 1);
-
-		if (ret != SPI_OK_SELECT)
-			elog(ERROR, "status_history: locking object failed: %s",
-				 SPI_result_code_string(ret));
-		if (SPI_processed == 1)
-			break;
-		if (attempt > 0)
-			/* Created by a transaction our snapshot cannot see. */
-			ereport(ERROR,
-					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-					 errmsg("could not serialize access due to a concurrent first report on object \"%s\"",
-							TextDatumGetCString(object_id)),
-					 errhint("Retry the transaction.")));
-		ret = SPI_execute_plan(create_plan, args, NULL, false, 0);
-		if (ret != SPI_OK_INSERT_RETURNING)
-			elog(ERROR, "status_history: creating object failed: %s",
-				 SPI_result_code_string(ret));
-		if (SPI_processed == 1)
-			break;
-		/* Someone else created it meanwhile: lock theirs. */
-	}
-	read_state(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, state);
+	ret = execute_own(create_plan, args, NULL);
+	if (ret != SPI_OK_INSERT)
+		elog(ERROR, "status_history: creating object failed: %s", SPI_result_code_string(ret));
 	spi_end(&saved);
 }
 
-/* Write report to the object's row as its current report; inside spi_begin. */
+/* Lock the object's row, creating it on first report, and read its state. */
 static void
-write_current(const ShReport *report, TimestampTz status_since)
+lock_and_read(Datum object_id, int64 new_fence, ShObjectState *state)
 {
-	Datum		args[9];
-	char		nulls[9] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
-	int			ret;
+	Oid			relid = sh_relation_oid("objects");
+	Relation	rel = table_open(relid, RowExclusiveLock);
+	Relation	index = index_open(RelationGetPrimaryKeyIndex(rel), RowExclusiveLock);
 
-	args[0] = report->object_id;
-	args[1] = TimestampTzGetDatum(report->occurred_at);
-	args[2] = report->status;
-	args[3] = report->error;
-	nulls[3] = report->error_null ? 'n' : ' ';
-	args[4] = report->details;
-	nulls[4] = report->details_null ? 'n' : ' ';
-	args[5] = report->replica_id;
-	nulls[5] = report->replica_null ? 'n' : ' ';
-	args[6] = Int64GetDatum(report->generation);
-	args[7] = report->reported_at;
-	nulls[7] = report->reported_null ? 'n' : ' ';
-	args[8] = TimestampTzGetDatum(status_since);
-
-	ret = SPI_execute_plan(update_plan, args, nulls, false, 0);
-	if (ret != SPI_OK_UPDATE || SPI_processed != 1)
-		elog(ERROR, "status_history: updating the current report failed: %s",
-			 SPI_result_code_string(ret));
+	for (int attempt = 0; !lock_row(rel, index, object_id, state); attempt++)
+	{
+		if (attempt > 2)
+			elog(ERROR, "status_history: object row vanished while being locked");
+		create_row(object_id, new_fence);
+	}
+	index_close(index, NoLock);
+	table_close(rel, NoLock);
 }
 
-/* ---- the statement cache ---- */
+/* ---- the cache ---- */
 
 static uint32
 key_hash(const void *key, Size keysize)
@@ -255,6 +384,7 @@ key_compare(const void *key1, const void *key2, Size keysize)
 	return memcmp(VARDATA_ANY(a), VARDATA_ANY(b), len);
 }
 
+/* The cache lives in the transaction's memory; it dies with it. */
 static void
 cache_create(void)
 {
@@ -270,322 +400,561 @@ cache_create(void)
 	ctl.hcxt = cache_context;
 	cache = hash_create("status_history object cache", 64, &ctl,
 						HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
+	dlist_init(&dirty_list);
+	dlist_init(&nested_list);
+	dirty_count = 0;
 }
 
-/* Forget the cache without writing it back (abort, or after a flush). */
-static void
-cache_forget(void)
+static CachedObject *
+entry_of(ShObjectState *state)
 {
-	if (cache_context != NULL)
-		MemoryContextDelete(cache_context);
-	cache_context = NULL;
-	cache = NULL;
+	return (CachedObject *) ((char *) state - offsetof(CachedObject, state));
 }
+
+/* Keep the entry on the short list the subtransaction callbacks walk. */
+static void
+track_nested(CachedObject *entry)
+{
+	bool		needed = entry->lock_level > 1 || entry->undo != NULL;
+
+	if (needed && !entry->in_nested)
+		dlist_push_tail(&nested_list, &entry->nested_node);
+	else if (!needed && entry->in_nested)
+		dlist_delete(&entry->nested_node);
+	entry->in_nested = needed;
+}
+
+static void
+set_dirty(CachedObject *entry, bool dirty)
+{
+	if (dirty && !entry->dirty)
+	{
+		dlist_push_tail(&dirty_list, &entry->dirty_node);
+		dirty_count++;
+	}
+	else if (!dirty && entry->dirty)
+	{
+		dlist_delete(&entry->dirty_node);
+		dirty_count--;
+	}
+	entry->dirty = dirty;
+}
+
+/*
+ * About to change the entry: save its image for the current nest level,
+ * unless one is saved already or the entry itself vanishes with this level.
+ */
+static void
+entry_save(CachedObject *entry)
+{
+	int			level = GetCurrentTransactionNestLevel();
+	UndoImage  *img;
+
+	if (level <= entry->lock_level ||
+		(entry->undo != NULL && entry->undo->level >= level))
+		return;
+	img = MemoryContextAlloc(cache_context, sizeof(UndoImage));
+	img->next = entry->undo;
+	img->level = level;
+	img->valid = entry->valid;
+	img->dirty = entry->dirty;
+	img->recompute = entry->recompute;
+	img->state = entry->state;
+	entry->undo = img;
+	track_nested(entry);
+}
+
+static void
+entry_remove(CachedObject *entry)
+{
+	text	   *key = entry->key;
+
+	set_dirty(entry, false);
+	if (entry->in_nested)
+		dlist_delete(&entry->nested_node);
+	while (entry->undo != NULL)
+	{
+		UndoImage  *img = entry->undo;
+
+		entry->undo = img->next;
+		pfree(img);
+	}
+	hash_search(cache, &key, HASH_REMOVE, NULL);
+	pfree(key);
+}
+
+/* Subtransaction at level aborted: its locks, rows and writes are gone. */
+static void
+cache_abort_level(int level)
+{
+	dlist_mutable_iter iter;
+
+	dlist_foreach_modify(iter, &nested_list)
+	{
+		CachedObject *entry = dlist_container(CachedObject, nested_node, iter.cur);
+		UndoImage  *restore = NULL;
+
+		if (entry->lock_level >= level)
+		{
+			entry_remove(entry);
+			continue;
+		}
+		while (entry->undo != NULL && entry->undo->level >= level)
+		{
+			if (restore != NULL)
+				pfree(restore);
+			restore = entry->undo;
+			entry->undo = restore->next;
+		}
+		if (restore != NULL)
+		{
+			entry->valid = restore->valid;
+			entry->recompute = restore->recompute;
+			entry->state = restore->state;
+			set_dirty(entry, restore->dirty);
+			pfree(restore);
+		}
+		track_nested(entry);
+	}
+}
+
+/* Subtransaction at level committed: what it did now belongs to its parent. */
+static void
+cache_commit_level(int level)
+{
+	dlist_mutable_iter iter;
+
+	dlist_foreach_modify(iter, &nested_list)
+	{
+		CachedObject *entry = dlist_container(CachedObject, nested_node, iter.cur);
+		UndoImage **link;
+
+		if (entry->lock_level == level)
+			entry->lock_level = level - 1;
+		if (entry->undo != NULL && entry->undo->level == level)
+		{
+			UndoImage  *img = entry->undo;
+
+			if (img->next != NULL && img->next->level == level - 1)
+			{
+				/* The parent's own image is the older one: keep that. */
+				entry->undo = img->next;
+				pfree(img);
+			}
+			else
+				img->level = level - 1;
+		}
+		/* Images at or below the locking level are never restored. */
+		for (link = &entry->undo; *link != NULL; link = &(*link)->next)
+			if ((*link)->level <= entry->lock_level)
+			{
+				while (*link != NULL)
+				{
+					UndoImage  *img = *link;
+
+					*link = img->next;
+					pfree(img);
+				}
+				break;
+			}
+		track_nested(entry);
+	}
+}
+
+/* Drop clean entries without undo images: always safe, they are re-read. */
+static void
+cache_shrink(void)
+{
+	HASH_SEQ_STATUS seq;
+	CachedObject *entry;
+
+	hash_seq_init(&seq, cache);
+	while ((entry = hash_seq_search(&seq)) != NULL)
+		if (!entry->dirty && entry->undo == NULL)
+			entry_remove(entry);
+}
+
+/* ---- write-back ---- */
 
 /* One column of the set-based write-back, as an array. */
 static Datum
-column_array(Datum *elems, bool *nulls, int n, Oid elemtype)
+column_array(Datum *elems, int n, Oid elemtype)
 {
 	int16		typlen;
 	bool		typbyval;
 	char		typalign;
-	int			dims[1] = {n};
-	int			lbs[1] = {1};
 
 	get_typlenbyvalalign(elemtype, &typlen, &typbyval, &typalign);
-	return PointerGetDatum(construct_md_array(elems, nulls, 1, dims, lbs, elemtype,
-											  typlen, typbyval, typalign));
+	return PointerGetDatum(construct_array(elems, n, elemtype, typlen, typbyval, typalign));
 }
 
-/* Write many objects back with one UPDATE ... FROM unnest(arrays). */
+/* Recompute the entry's state from the history (inside spi_begin). */
 static void
-write_many(CachedObject **entries, int n)
+recompute(CachedObject *entry)
 {
-	Oid			types[9] = {TEXTOID, TIMESTAMPTZOID, TEXTOID, TEXTOID, JSONBOID,
-		TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID};
-	Datum		args[9];
-	Datum	   *elems = palloc(n * sizeof(Datum));
-	bool	   *nulls = palloc(n * sizeof(bool));
+	Datum		args[1] = {PointerGetDatum(entry->key)};
+	int			ret = execute_own(recompute_plan, args, NULL);
+	TupleDesc	desc;
+	HeapTuple	tuple;
+	bool		isnull;
+	Datum		d;
+
+	if (ret != SPI_OK_UPDATE_RETURNING || SPI_processed != 1)
+		elog(ERROR, "status_history: recomputing an object's state failed: %s",
+			 SPI_result_code_string(ret));
+	desc = SPI_tuptable->tupdesc;
+	tuple = SPI_tuptable->vals[0];
+	d = SPI_getbinval(tuple, desc, 1, &isnull);
+	entry->state.has_current = !isnull;
+	entry->state.current_at = isnull ? 0 : DatumGetTimestampTz(d);
+	entry->state.status[0] = '\0';
+	d = SPI_getbinval(tuple, desc, 2, &isnull);
+	if (!isnull)
+		text_to_cstring_buffer(DatumGetTextPP(d), entry->state.status,
+							   sizeof(entry->state.status));
+	d = SPI_getbinval(tuple, desc, 3, &isnull);
+	entry->state.status_since = isnull ? entry->state.current_at : DatumGetTimestampTz(d);
+}
+
+/* Write one entry; false when its report is not in the history as expected. */
+static bool
+write_one(CachedObject *entry)
+{
+	Datum		args[3];
 	int			ret;
 
-	for (int col = 0; col < 9; col++)
-	{
-		for (int i = 0; i < n; i++)
-		{
-			ShReport   *r = &entries[i]->current;
-
-			nulls[i] = false;
-			switch (col)
-			{
-				case 0: elems[i] = r->object_id; break;
-				case 1: elems[i] = TimestampTzGetDatum(r->occurred_at); break;
-				case 2: elems[i] = r->status; break;
-				case 3: elems[i] = r->error; nulls[i] = r->error_null; break;
-				case 4: elems[i] = r->details; nulls[i] = r->details_null; break;
-				case 5: elems[i] = r->replica_id; nulls[i] = r->replica_null; break;
-				case 6: elems[i] = Int64GetDatum(r->generation); break;
-				case 7: elems[i] = r->reported_at; nulls[i] = r->reported_null; break;
-				default: elems[i] = TimestampTzGetDatum(entries[i]->state.status_since); break;
-			}
-		}
-		args[col] = column_array(elems, nulls, n, types[col]);
-	}
-	ret = SPI_execute_plan(update_many_plan, args, NULL, false, 0);
-	if (ret != SPI_OK_UPDATE || SPI_processed != n)
-		elog(ERROR, "status_history: writing back %d objects failed: %s, " UINT64_FORMAT " updated",
-			 n, SPI_result_code_string(ret), SPI_processed);
+	args[0] = PointerGetDatum(entry->key);
+	args[1] = TimestampTzGetDatum(entry->state.current_at);
+	args[2] = TimestampTzGetDatum(entry->state.status_since);
+	ret = execute_own(write_one_plan, args, NULL);
+	if (ret != SPI_OK_UPDATE)
+		elog(ERROR, "status_history: writing back an object failed: %s",
+			 SPI_result_code_string(ret));
+	return SPI_processed == 1;
 }
 
-/* Write every dirty object back; the caller is not yet connected to SPI. */
-static void
-cache_flush(void)
+/* Write n entries with one UPDATE; false when some were not written. */
+static bool
+write_many(CachedObject **entries, int n)
 {
-	HASH_SEQ_STATUS seq;
-	CachedObject *entry;
-	CachedObject **dirty;
-	int			n = 0;
-	ShSavedUser saved;
+	Datum	   *elems = palloc(n * sizeof(Datum));
+	Datum		args[3];
+	int			ret;
 
-	if (cache == NULL)
-		return;
-	dirty = palloc(hash_get_num_entries(cache) * sizeof(CachedObject *));
-	hash_seq_init(&seq, cache);
-	while ((entry = hash_seq_search(&seq)) != NULL)
-		if (entry->dirty)
-			dirty[n++] = entry;
-	if (n == 0)
-	{
-		pfree(dirty);
-		return;
-	}
-
-	spi_begin(&saved);
-	if (n >= SET_FLUSH_MIN)
-		write_many(dirty, n);
-	else
-		for (int i = 0; i < n; i++)
-			write_current(&dirty[i]->current, dirty[i]->state.status_since);
-	spi_end(&saved);
 	for (int i = 0; i < n; i++)
-		dirty[i]->dirty = false;
-	pfree(dirty);
+		elems[i] = PointerGetDatum(entries[i]->key);
+	args[0] = column_array(elems, n, TEXTOID);
+	for (int i = 0; i < n; i++)
+		elems[i] = TimestampTzGetDatum(entries[i]->state.current_at);
+	args[1] = column_array(elems, n, TIMESTAMPTZOID);
+	for (int i = 0; i < n; i++)
+		elems[i] = TimestampTzGetDatum(entries[i]->state.status_since);
+	args[2] = column_array(elems, n, TIMESTAMPTZOID);
+	ret = execute_own(write_many_plan, args, NULL);
+	if (ret != SPI_OK_UPDATE)
+		elog(ERROR, "status_history: writing back %d objects failed: %s",
+			 n, SPI_result_code_string(ret));
+	pfree(elems);
+	for (int i = 0; i < 3; i++)
+		pfree(DatumGetPointer(args[i]));
+	return SPI_processed == (uint64) n;
 }
 
-/* Replace *dst (a copy in the cache context, or nothing) by a copy of src. */
+/* Write a batch of dirty entries; entries were saved for undo already. */
 static void
-keep_copy(Datum *dst, bool was_null, Datum src, bool is_null)
+write_batch(CachedObject **batch, int n)
 {
-	if (!was_null && *dst != (Datum) 0)
-		pfree(DatumGetPointer(*dst));
-	*dst = is_null ? (Datum) 0 : datumCopy(src, false, -1);
+	int			plain = 0;
+
+	/* Recomputing is the rare path; the rest go set-based. */
+	for (int i = 0; i < n; i++)
+	{
+		if (batch[i]->recompute)
+		{
+			recompute(batch[i]);
+			batch[i]->recompute = false;
+		}
+		else
+			batch[plain++] = batch[i];
+	}
+	if (plain == 1 ? !write_one(batch[0]) : (plain > 1 && !write_many(batch, plain)))
+	{
+		/* Some report is not in the history as cached: find which. */
+		for (int i = 0; i < plain; i++)
+			if (!write_one(batch[i]))
+				recompute(batch[i]);
+	}
 }
 
 /*
- * An INSERT into the history starts: cache for its duration.  At the
- * outermost level the cache is empty, or holds what sh_objects_prefetch read.
+ * Write every dirty entry back.  Called after statements, executor runs, and
+ * before commit; a no-op when nothing is dirty.  The writes belong to the
+ * current subtransaction: the undo images make an abort of it re-dirty them.
  */
 void
-sh_objects_statement_begin(void)
+sh_objects_flush(void)
 {
-	if (statement_depth > 0)
+	CachedObject **batch;
+	ShSavedUser saved;
+	int			n = 0;
+
+	if (cache == NULL || dirty_count == 0 || writing)
+		return;
+	batch = palloc(Min(dirty_count, FLUSH_CHUNK) * sizeof(CachedObject *));
+	spi_begin(&saved);
+	while (!dlist_is_empty(&dirty_list))
 	{
-		/* Nested: SQL may have changed fences since the cache was filled. */
-		cache_flush();
-		cache_forget();
+		CachedObject *entry = dlist_container(CachedObject, dirty_node,
+											  dlist_head_node(&dirty_list));
+
+		entry_save(entry);
+		set_dirty(entry, false);
+		batch[n++] = entry;
+		if (n == FLUSH_CHUNK)
+		{
+			write_batch(batch, n);
+			n = 0;
+		}
 	}
-	if (statement_depth < MAX_STATEMENT_DEPTH)
-		statement_levels[statement_depth] = GetCurrentTransactionNestLevel();
-	statement_depth++;
+	if (n > 0)
+		write_batch(batch, n);
+	spi_end(&saved);
+	pfree(batch);
+	if (hash_get_num_entries(cache) > cache_max_objects)
+		cache_shrink();
 }
 
-/* An INSERT into the history ends: write back what it changed. */
+/* Write back and forget every entry's state: SQL is about to change rows. */
 void
-sh_objects_statement_end(void)
+sh_objects_invalidate(void)
 {
-	cache_flush();
-	if (statement_depth > 0)
-		statement_depth--;
-	if (statement_depth == 0)
-		cache_forget();
+	HASH_SEQ_STATUS seq;
+	CachedObject *entry;
+
+	if (cache == NULL)
+		return;
+	sh_objects_flush();
+	hash_seq_init(&seq, cache);
+	while ((entry = hash_seq_search(&seq)) != NULL)
+	{
+		if (!entry->valid)
+			continue;
+		entry_save(entry);
+		entry->valid = false;
+	}
 }
 
-/* A new entry: clean, with no current report of its own yet. */
+/* ---- entry points ---- */
+
+/*
+ * Lock the object (creating its row on first report, with fence new_fence)
+ * and return its state; the row lock is held to the end of the transaction.
+ */
+ShObjectState *
+sh_objects_lock(Datum object_id, int64 new_fence)
+{
+	CachedObject *entry;
+	text	   *key = DatumGetTextPP(object_id);
+	bool		found;
+
+	if (cache == NULL)
+		cache_create();
+	entry = hash_search(cache, &key, HASH_FIND, NULL);
+	if (entry == NULL)
+	{
+		ShObjectState state;
+		MemoryContext old;
+
+		lock_and_read(object_id, new_fence, &state);
+		old = MemoryContextSwitchTo(cache_context);
+		key = (text *) DatumGetPointer(datumCopy(PointerGetDatum(key), false, -1));
+		MemoryContextSwitchTo(old);
+		entry = hash_search(cache, &key, HASH_ENTER, &found);
+		entry->key = key;
+		entry->lock_level = GetCurrentTransactionNestLevel();
+		entry->valid = true;
+		entry->dirty = false;
+		entry->recompute = false;
+		entry->state = state;
+		entry->undo = NULL;
+		entry->in_nested = false;
+		track_nested(entry);
+	}
+	else if (!entry->valid)
+	{
+		ShObjectState state;
+
+		lock_and_read(object_id, new_fence, &state);
+		entry_save(entry);
+		entry->state = state;
+		entry->valid = true;
+	}
+	return &entry->state;
+}
+
+/* The report stamped stamp with status is now the object's current report. */
+void
+sh_objects_set_current(ShObjectState *state, TimestampTz stamp, const char *status)
+{
+	CachedObject *entry = entry_of(state);
+	bool		same = state->has_current && strcmp(state->status, status) == 0;
+
+	entry_save(entry);
+	state->status_since = same ? state->status_since : stamp;
+	state->has_current = true;
+	state->current_at = stamp;
+	strlcpy(state->status, status, sizeof(state->status));
+	set_dirty(entry, true);
+}
+
+/*
+ * Raise the fence of every listed object (all locked by the caller) to at
+ * least fence, in the table and in the cache alike.
+ */
+void
+sh_objects_raise_fences(Datum *ids, int n, int64 fence)
+{
+	static SPIPlanPtr plan = NULL;
+	Oid			types[2] = {TEXTARRAYOID, INT8OID};
+	Datum	   *raise = palloc(Max(n, 1) * sizeof(Datum));
+	Datum		args[2];
+	ShSavedUser saved;
+	int			m = 0;
+	int			ret;
+
+	for (int i = 0; i < n; i++)
+	{
+		ShObjectState *state = sh_objects_lock(ids[i], 0);
+
+		if (state->fence < fence)
+		{
+			entry_save(entry_of(state));
+			state->fence = fence;
+			raise[m++] = ids[i];
+		}
+	}
+	if (m == 0)
+		return;
+	args[0] = column_array(raise, m, TEXTOID);
+	args[1] = Int64GetDatum(fence);
+	spi_begin(&saved);
+	if (plan == NULL)
+		plan = sh_prepare_kept("UPDATE status_history.objects AS o SET fence = $2"
+							   "  FROM pg_catalog.unnest($1) AS s(id)"
+							   " WHERE o.object_id OPERATOR(pg_catalog.=) s.id"
+							   "   AND o.fence OPERATOR(pg_catalog.<) $2", 2, types);
+	ret = execute_own(plan, args, NULL);
+	if (ret != SPI_OK_UPDATE || SPI_processed != (uint64) m)
+		elog(ERROR, "status_history: raising fences failed: %s", SPI_result_code_string(ret));
+	spi_end(&saved);
+}
+
+/* A non-stale row older than the current one arrived: rederive the state. */
+void
+sh_objects_mark_recompute(ShObjectState *state)
+{
+	CachedObject *entry = entry_of(state);
+
+	entry_save(entry);
+	entry->recompute = true;
+	set_dirty(entry, true);
+}
+
+/* ---- hooks ---- */
+
+/* An executor stopped early fires no AFTER STATEMENT trigger: write back here. */
 static void
-init_entry(CachedObject *entry)
+objects_executor_finish(QueryDesc *queryDesc)
 {
-	entry->dirty = false;
-	memset(&entry->current, 0, sizeof(ShReport));
-	entry->current.error_null = entry->current.details_null = true;
-	entry->current.replica_null = entry->current.reported_null = true;
+	if (prev_executor_finish)
+		prev_executor_finish(queryDesc);
+	else
+		standard_ExecutorFinish(queryDesc);
+	sh_objects_flush();
 }
 
-static bool
-caching(void)
+/* COPY (and CALL, DO) run no executor of their own at the top: same here. */
+static void
+objects_process_utility(PlannedStmt *pstmt, const char *queryString,
+						bool readOnlyTree, ProcessUtilityContext context,
+						ParamListInfo params, QueryEnvironment *queryEnv,
+						DestReceiver *dest, QueryCompletion *qc)
 {
-	return statement_depth > 0 && statement_depth <= MAX_STATEMENT_DEPTH;
+	if (prev_process_utility)
+		prev_process_utility(pstmt, queryString, readOnlyTree, context,
+							 params, queryEnv, dest, qc);
+	else
+		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context,
+								params, queryEnv, dest, qc);
+	/* A transaction-ending command leaves no transaction to write in. */
+	if (IsTransactionState())
+		sh_objects_flush();
 }
 
-/* The transaction ended: the cache context is gone with it. */
 static void
 objects_xact_callback(XactEvent event, void *arg)
 {
-	cache_context = NULL;
-	cache = NULL;
-	statement_depth = 0;
+	switch (event)
+	{
+		case XACT_EVENT_PRE_COMMIT:
+		case XACT_EVENT_PRE_PREPARE:
+			/* The safety net: nothing dirty may outlive the transaction. */
+			sh_objects_flush();
+			break;
+		case XACT_EVENT_PARALLEL_PRE_COMMIT:
+			break;
+		default:
+			/* The cache context is gone with the transaction. */
+			cache_context = NULL;
+			cache = NULL;
+			dirty_count = 0;
+			writing = false;
+			break;
+	}
 }
 
-/* A subtransaction aborted: its row locks are released, and its statements ended. */
 static void
 objects_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 						 SubTransactionId parentSubid, void *arg)
 {
-	int			level;
-
-	if (event != SUBXACT_EVENT_ABORT_SUB)
+	if (cache == NULL)
 		return;
-	cache_forget();
-	level = GetCurrentTransactionNestLevel();
-	while (statement_depth > 0 &&
-		   (statement_depth > MAX_STATEMENT_DEPTH ||
-			statement_levels[statement_depth - 1] >= level))
-		statement_depth--;
+	if (event == SUBXACT_EVENT_ABORT_SUB)
+		cache_abort_level(GetCurrentTransactionNestLevel());
+	else if (event == SUBXACT_EVENT_COMMIT_SUB)
+		cache_commit_level(GetCurrentTransactionNestLevel());
+}
+
+/*
+ * SQL: BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE FOR EACH STATEMENT on
+ * status_history.objects.  Statements other than this file's own (the
+ * owner's, or a restore) see and change what the cache describes: write it
+ * back first and read rows again afterwards.
+ */
+Datum
+status_history_objects_guard(PG_FUNCTION_ARGS)
+{
+	if (!CALLED_AS_TRIGGER(fcinfo))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("objects_guard: not called by trigger manager")));
+	if (!writing)
+		sh_objects_invalidate();
+	return PointerGetDatum(NULL);
 }
 
 void
 sh_objects_init(void)
 {
 	DefineCustomIntVariable("status_history.cache_max_objects",
-							"Objects whose state one INSERT into the history keeps in memory.",
-							"Past it, the states are written back and read again when needed.",
+							"Objects whose state one transaction keeps in memory.",
+							"Past it, clean states are forgotten and read again when needed.",
 							&cache_max_objects, 262144, 1, INT_MAX / 2,
 							PGC_USERSET, 0, NULL, NULL, NULL);
-	MarkGUCPrefixReserved("status_history");
 	RegisterXactCallback(objects_xact_callback, NULL);
 	RegisterSubXactCallback(objects_subxact_callback, NULL);
-}
-
-/*
- * Lock the object (creating its row on first report) and return its state.
- * The row lock is held to the end of the transaction.
- */
-ShObjectState *
-sh_objects_lock(Datum object_id)
-{
-	CachedObject *entry;
-	text	   *key = DatumGetTextPP(object_id);
-	bool		found;
-
-	if (!caching())
-	{
-		lock_and_read(object_id, &direct_state);
-		return &direct_state;
-	}
-	if (cache != NULL && hash_get_num_entries(cache) >= cache_max_objects &&
-		hash_search(cache, &key, HASH_FIND, NULL) == NULL)
-	{
-		cache_flush();
-		cache_forget();
-	}
-	if (cache == NULL)
-		cache_create();
-	entry = hash_search(cache, &key, HASH_ENTER, &found);
-	if (!found)
-	{
-		MemoryContext old;
-
-		/* On error the (sub)transaction aborts and forgets the whole cache. */
-		init_entry(entry);
-		lock_and_read(object_id, &entry->state);
-		/* The key still points into the row; give the entry its own copy. */
-		old = MemoryContextSwitchTo(cache_context);
-		entry->key = (text *) datumCopy(PointerGetDatum(key), false, -1);
-		MemoryContextSwitchTo(old);
-	}
-	return &entry->state;
-}
-
-/*
- * Lock the listed objects and read their states into the cache for the next
- * INSERT into the history, in one query.  reconnect() locks its scope, raises
- * the fences and then inserts one copy per object; without this every copy
- * would look its object up by itself.  Only at the outermost level: a nested
- * INSERT starts from an empty cache anyway.
- */
-void
-sh_objects_prefetch(Datum object_ids)
-{
-	Datum		args[1] = {object_ids};
-	ShSavedUser saved;
-	int			ret;
-
-	if (statement_depth > 0)
-		return;
-	if (cache == NULL)
-		cache_create();
-	spi_begin(&saved);
-	ret = SPI_execute_plan(prefetch_plan, args, NULL, false, 0);
-	if (ret != SPI_OK_SELECT)
-		elog(ERROR, "status_history: prefetching objects failed: %s",
-			 SPI_result_code_string(ret));
-	for (uint64 i = 0; i < SPI_processed && i < (uint64) cache_max_objects; i++)
-	{
-		HeapTuple	tuple = SPI_tuptable->vals[i];
-		bool		isnull;
-		Datum		id = SPI_getbinval(tuple, SPI_tuptable->tupdesc, 5, &isnull);
-		MemoryContext old = MemoryContextSwitchTo(cache_context);
-		text	   *key = (text *) datumCopy(id, false, -1);
-		CachedObject *entry;
-		bool		found;
-
-		MemoryContextSwitchTo(old);
-		entry = hash_search(cache, &key, HASH_ENTER, &found);
-		if (found)
-			continue;
-		init_entry(entry);
-		read_state(tuple, SPI_tuptable->tupdesc, &entry->state);
-	}
-	spi_end(&saved);
-}
-
-/* Make report the object's current report (state is from sh_objects_lock). */
-void
-sh_objects_set_current(ShObjectState *state, const ShReport *report,
-					   TimestampTz status_since)
-{
-	state->has_current = true;
-	state->current_at = report->occurred_at;
-	state->status_since = status_since;
-	text_to_cstring_buffer(DatumGetTextPP(report->status), state->status,
-						   sizeof(state->status));
-
-	if (state == &direct_state)
-	{
-		ShSavedUser saved;
-
-		spi_begin(&saved);
-		write_current(report, status_since);
-		spi_end(&saved);
-	}
-	else
-	{
-		CachedObject *entry = (CachedObject *) ((char *) state - offsetof(CachedObject, state));
-		ShReport   *cur = &entry->current;
-		MemoryContext old = MemoryContextSwitchTo(cache_context);
-
-		/* Keep copies: the report's datums die with its row. */
-		keep_copy(&cur->object_id, cur->object_id == (Datum) 0, report->object_id, false);
-		keep_copy(&cur->status, cur->status == (Datum) 0, report->status, false);
-		keep_copy(&cur->error, cur->error_null, report->error, report->error_null);
-		keep_copy(&cur->details, cur->details_null, report->details, report->details_null);
-		keep_copy(&cur->replica_id, cur->replica_null, report->replica_id, report->replica_null);
-		MemoryContextSwitchTo(old);
-		cur->reported_at = report->reported_at;	/* timestamptz: by value */
-		cur->error_null = report->error_null;
-		cur->details_null = report->details_null;
-		cur->replica_null = report->replica_null;
-		cur->reported_null = report->reported_null;
-		cur->generation = report->generation;
-		cur->occurred_at = report->occurred_at;
-		entry->dirty = true;
-	}
+	prev_executor_finish = ExecutorFinish_hook;
+	ExecutorFinish_hook = objects_executor_finish;
+	prev_process_utility = ProcessUtility_hook;
+	ProcessUtility_hook = objects_process_utility;
 }

@@ -3,8 +3,9 @@
  *
  * module.c   loading, running SPI as the extension owner, kept SPI plans
  * clock.c    the monotonic clock (monotonic_now)
- * objects.c  per-object state: the fence and the current report, cached per statement
- * history.c  the triggers on status_history.history, and report()
+ * objects.c  per-object state: locking, the write-back cache and its undo log
+ * fence.c    generation floors and reconnect()
+ * history.c  the triggers on status_history.history, report() and report_many()
  * latest.c   the latest() set-returning function
  */
 #ifndef STATUS_HISTORY_H
@@ -12,6 +13,7 @@
 
 #include "postgres.h"
 #include "executor/spi.h"
+#include "nodes/execnodes.h"
 #include "utils/timestamp.h"
 
 #define SH_SCHEMA "status_history"
@@ -24,9 +26,13 @@ typedef struct ShSavedUser
 } ShSavedUser;
 
 extern Oid	sh_relation_oid(const char *relname);
+extern Oid	sh_relation_oid_if_exists(const char *relname);
 extern void sh_become_owner(Oid relid, ShSavedUser *saved);
 extern void sh_restore_user(const ShSavedUser *saved);
 extern SPIPlanPtr sh_prepare_kept(const char *sql, int nargs, Oid *argtypes);
+extern void sh_put_returned_rows(ReturnSetInfo *rsinfo);
+extern int	sh_execute_latest(SPIPlanPtr plan, Datum *args, const char *nulls,
+							  bool read_only, long count);
 
 /* clock.c */
 extern void sh_clock_init(void);
@@ -43,28 +49,20 @@ typedef struct ShObjectState
 	char		status[16];		/* its status; "" without one */
 } ShObjectState;
 
-typedef struct ShReport
-{
-	Datum		object_id;		/* text */
-	Datum		status;			/* text */
-	Datum		error;			/* text, or NULL */
-	Datum		details;		/* jsonb, or NULL */
-	Datum		replica_id;		/* text, or NULL */
-	Datum		reported_at;	/* timestamptz, or NULL */
-	bool		error_null;
-	bool		details_null;
-	bool		replica_null;
-	bool		reported_null;
-	int64		generation;
-	TimestampTz occurred_at;
-} ShReport;
-
 extern void sh_objects_init(void);
-extern void sh_objects_statement_begin(void);
-extern void sh_objects_statement_end(void);
-extern ShObjectState *sh_objects_lock(Datum object_id);
-extern void sh_objects_prefetch(Datum object_ids);
-extern void sh_objects_set_current(ShObjectState *state, const ShReport *report,
-								   TimestampTz status_since);
+extern ShObjectState *sh_objects_lock(Datum object_id, int64 new_fence);
+extern void sh_objects_set_current(ShObjectState *state, TimestampTz stamp,
+								   const char *status);
+extern void sh_objects_raise_fences(Datum *ids, int n, int64 fence);
+extern void sh_objects_mark_recompute(ShObjectState *state);
+extern void sh_objects_flush(void);
+extern void sh_objects_invalidate(void);
+
+/* fence.c */
+extern void sh_fence_init(void);
+extern int64 sh_fence_floor(Datum replica_id, bool replica_null);
+extern bool sh_fence_in_reconnect(void);
+extern void sh_fence_note_report(void);
+extern int	sh_sort_ids(Datum *ids, int n);
 
 #endif							/* STATUS_HISTORY_H */

@@ -7,7 +7,7 @@ sh_packages=(
     make gcc
     postgresql-15 postgresql-server-dev-15 postgresql-common postgresql-contrib
     postgresql-15-pgtap libtap-parser-sourcehandler-pgtap-perl libipc-run-perl
-    valgrind
+    valgrind postgresql-plperl-15
 )
 
 sh_missing=()

@@ -8,7 +8,7 @@
 BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
 CREATE EXTENSION status_history;
-SELECT plan(39);
+SELECT plan(44);
 
 SELECT lives_ok($$SELECT status_history.report('e1', 'running', generation => 2)$$, 'a valid report');
 SELECT lives_ok($$SELECT status_history.reconnect(3, object_ids => ARRAY['e1'])$$, 'a valid reconnect');
@@ -63,8 +63,18 @@ SELECT throws_ok($$SELECT status_history.history_refuse_change()$$,
                  '39P01', 'history_refuse_change: not called by trigger manager');
 
 -- Fencing.
-SELECT throws_ok($$SELECT status_history.reconnect(2)$$,
+SELECT throws_ok($$SELECT status_history.reconnect(2, object_ids => ARRAY['e1'])$$,
                  '55000', 'generation 2 is below the fence 3 of object "e1"');
+SELECT throws_ok($$SELECT status_history.reconnect(4)$$,
+                 '25001', 'reconnect() without object_ids must run before any report in its transaction');
+SELECT throws_ok($$SELECT status_history.reconnect(4, object_ids => ARRAY[['a', 'b'], ['c', 'd']])$$,
+                 '22023', 'object_ids must be a one-dimensional array');
+SELECT throws_ok($$SELECT status_history.report_many(NULL, ARRAY['running'])$$,
+                 '22004', 'object_ids and statuses must not be null');
+SELECT throws_ok($$SELECT status_history.report_many(ARRAY['e1'], ARRAY['running', 'paused'])$$,
+                 '2202E', 'statuses must be a one-dimensional array as long as object_ids');
+SELECT throws_ok($$SELECT status_history.report_many(ARRAY['e1', NULL], ARRAY['running', 'paused'])$$,
+                 '23502', 'object_id must not be null');
 SELECT throws_ok($$SELECT status_history.reconnect(NULL)$$,
                  '22004', 'generation must not be null');
 SELECT throws_ok($$SELECT status_history.reconnect(-5)$$,

@@ -7,9 +7,12 @@
 # caught by valgrind instead.  PostgreSQL itself has valgrind noise (it has
 # its own suppression file, which Debian does not ship), so only errors whose
 # stack passes through status_history count.  The instrumented library is
-# installed for the run and the normal build is put back afterwards.
+# installed for the run and the normal build is put back afterwards.  It is
+# built, and the suites run, from a copy of the tree under /tmp, so the server
+# (run as postgres when run as root) need not be able to read the checkout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+root=$(pwd)
 source test/deps.sh
 
 work=$(mktemp -d /tmp/status_history_memcheck.XXXXXX)
@@ -17,29 +20,32 @@ chmod 755 "$work"
 as_pg() { if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 cleanup() {
     as_pg pg_ctl -D "$work/data" -m immediate stop >/dev/null 2>&1 || true
-    sh_build_install
+    cd "$root" && sh_build_install
     [ -n "${SH_KEEP:-}" ] || rm -rf "$work"
 }
 trap cleanup EXIT
 
-# Build an instrumented copy of the tree, so the normal build's objects stay put.
+# Build an instrumented copy of the tree (its files, tracked or not, as they are
+# in the working tree), so the normal build's objects stay put.
 mkdir "$work/tree"
 if git rev-parse --git-dir >/dev/null 2>&1; then
-    git ls-files -z | xargs -0 cp --parents -t "$work/tree"
+    git ls-files -z --cached --others --exclude-standard |
+        while IFS= read -r -d '' f; do [ ! -e "$f" ] || cp --parents "$f" "$work/tree"; done
 else
     cp -r . "$work/tree" && make -s -C "$work/tree" clean >/dev/null
 fi
+cd "$work/tree"
 san="-fsanitize=undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
-make -s -C "$work/tree" PG_CONFIG="$PG_CONFIG" COPT="$san" >/dev/null
+make -s PG_CONFIG="$PG_CONFIG" COPT="$san" >/dev/null
 sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
-$sudo make -s -C "$work/tree" PG_CONFIG="$PG_CONFIG" COPT="$san" install >/dev/null
+$sudo make -s PG_CONFIG="$PG_CONFIG" COPT="$san" install >/dev/null
 
 mkdir "$work/reports"
 [ "$(id -u)" -eq 0 ] && chown -R postgres "$work"
 as_pg initdb -D "$work/data" -A trust >/dev/null
 as_pg env UBSAN_OPTIONS="print_stacktrace=1:log_path=$work/reports/ubsan" \
     valgrind --quiet --trace-children=yes --num-callers=30 \
-    --suppressions="$(pwd)/test/valgrind.supp" \
+    --suppressions="$work/tree/test/valgrind.supp" \
     --log-file="$work/reports/valgrind.%p" \
     postgres -D "$work/data" -p 54331 -k "$work" -c listen_addresses='' \
     >"$work/server.log" 2>&1 &
@@ -49,7 +55,10 @@ for _ in $(seq 1 60); do
 done
 
 status=0
-PGHOST="$work" PGPORT=54331 PGUSER=postgres make -s PG_CONFIG="$PG_CONFIG" installcheck || status=1
+if ! PGHOST="$work" PGPORT=54331 PGUSER=postgres make -s PG_CONFIG="$PG_CONFIG" installcheck; then
+    status=1
+    cat regression.diffs output_iso/regression.diffs 2>/dev/null || true
+fi
 
 # A valgrind error record is the block of lines from "==PID== <message>" to
 # the blank "==PID==" line; keep those that mention the extension.

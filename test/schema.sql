@@ -12,13 +12,14 @@ CREATE SCHEMA evil;
 SET search_path = evil, public;
 CREATE EXTENSION status_history;
 RESET search_path;
-SELECT plan(39);
+SELECT plan(44);
 
 SELECT has_schema('status_history');
 SELECT has_table('status_history', 'history', 'history table exists');
 SELECT has_table('status_history', 'objects', 'objects table exists');
 SELECT has_view('status_history', 'statuses', 'statuses view exists');
 SELECT has_sequence('status_history', 'clock_bound', 'clock bound sequence exists');
+SELECT has_table('status_history', 'floors', 'floors table exists');
 
 -- The columns of the history, in this order, with these types.
 SELECT is(
@@ -64,8 +65,16 @@ SELECT function_lang_is('status_history', 'history_statement_trigger', '{}'::nam
 SELECT is(
     (SELECT string_agg(format('%s=%s', tgname, tgenabled), ', ' ORDER BY tgname)
        FROM pg_trigger WHERE tgrelid = 'status_history.history'::regclass),
-    'history_insert=A, history_refuse_change=A, history_statement_begin=A, history_statement_end=A',
+    'history_insert=A, history_refuse_change=A, history_statement_end=A',
     'triggers fire ALWAYS, also under session_replication_role = replica');
+SELECT is(
+    (SELECT string_agg(format('%s=%s', tgname, tgenabled), ', ' ORDER BY tgname)
+       FROM pg_trigger WHERE tgrelid = 'status_history.objects'::regclass),
+    'objects_guard=A',
+    'the guard on objects fires ALWAYS');
+SELECT has_function('status_history', 'report_many',
+    ARRAY['text[]', 'text[]', 'text[]', 'jsonb[]', 'text[]', 'bigint[]', 'timestamp with time zone[]']);
+SELECT function_lang_is('status_history', 'reconnect', ARRAY['bigint', 'text', 'text[]'], 'c', 'reconnect() is C');
 
 -- Every object and every column carries a comment.
 SELECT is_empty(
@@ -94,8 +103,11 @@ SELECT is_empty(
 -- Privileges: readers may read; only granted roles write or fence.
 SELECT function_privs_are('status_history', 'reconnect', ARRAY['bigint', 'text', 'text[]'],
                           'public', '{}', 'reconnect() is not executable by PUBLIC');
-SELECT function_privs_are('status_history', 'history_prefetch', ARRAY['text[]'],
-                          'public', '{}', 'the internal history_prefetch() is not executable by PUBLIC');
+SELECT function_privs_are('status_history', 'report_many',
+    ARRAY['text[]', 'text[]', 'text[]', 'jsonb[]', 'text[]', 'bigint[]', 'timestamp with time zone[]'],
+    'public', ARRAY['EXECUTE'], 'report_many() is executable by PUBLIC (it needs INSERT on the history)');
+SELECT table_privs_are('status_history', 'floors', 'public', ARRAY['SELECT'],
+                       'PUBLIC may read the floors but not change them');
 SELECT function_privs_are('status_history', 'latest', ARRAY['text[]', 'boolean'],
                           'public', ARRAY['EXECUTE'], 'latest() is executable by PUBLIC');
 SELECT table_privs_are('status_history', 'history', 'public', ARRAY['SELECT'],

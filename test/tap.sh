@@ -1,26 +1,27 @@
 #!/usr/bin/env bash
 # Runs the TAP tests in test/t/ with PostgreSQL's own framework
 # (PostgreSQL::Test::Cluster).  They start, kill and promote their own servers,
-# which PostgreSQL refuses to do as root, so as root they run as postgres in a
-# scratch directory that user can write.  SH_STRESS=1 runs the long versions;
-# arguments name test files to run instead of all of them.
+# which PostgreSQL refuses to do as root, so as root they run as postgres.
+# They run from a scratch directory under /tmp holding a copy of test/, so
+# that user need not be able to read the checkout.  SH_STRESS=1 runs the long
+# versions; arguments name files of test/t/ to run instead of all of them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-root=$(pwd)
-tests=("$@")
-[ ${#tests[@]} -gt 0 ] || tests=("$root"/test/t/*.pl)
-for i in "${!tests[@]}"; do tests[$i]=$(realpath "${tests[$i]}"); done
 pgxs=$(dirname "$(/usr/lib/postgresql/15/bin/pg_config --pgxs)")
 perl_lib="$pgxs/../test/perl"
 scratch=$(mktemp -d /tmp/status_history_tap.XXXXXX)
 trap '[ -n "${SH_KEEP:-}" ] || rm -rf "$scratch"' EXIT
+cp -r test "$scratch/test"
+tests=()
+for t in "$@"; do tests+=("$scratch/test/t/$(basename "$t")"); done
+[ ${#tests[@]} -gt 0 ] || tests=("$scratch"/test/t/*.pl)
 
 run=()
 if [ "$(id -u)" -eq 0 ]; then
-    chown postgres "$scratch"
+    chown -R postgres "$scratch"
     run=(runuser -u postgres --)
 fi
 cd "$scratch"
 "${run[@]}" env PATH="/usr/lib/postgresql/15/bin:$PATH" TESTDIR="$scratch" \
     PG_REGRESS="$pgxs/../test/regress/pg_regress" SH_STRESS="${SH_STRESS:-0}" \
-    prove -I "$perl_lib" -I "$root/test/t" ${PROVE_FLAGS:-} "${tests[@]}"
+    prove -I "$perl_lib" -I "$scratch/test/t" ${PROVE_FLAGS:-} "${tests[@]}"

@@ -1,0 +1,154 @@
+-- The per-object state must equal brute force over the history after every
+-- statement, whatever the statement's shape.  Each block below is a defect
+-- found in review (issue "Correctness"), reproduced in its shortest form.
+CREATE EXTENSION status_history;
+CREATE EXTENSION plperl;
+
+\i sql/oracle.psql
+
+CREATE ROLE sh_reporter;
+GRANT INSERT ON status_history.history TO sh_reporter;
+GRANT EXECUTE ON FUNCTION state_mismatches() TO sh_reporter;
+
+-- 1. A subtransaction that aborts during an INSERT (a function with an
+--    EXCEPTION block) must not take the statement's earlier rows' state with it.
+CREATE FUNCTION try_jsonb(t text) RETURNS jsonb LANGUAGE plpgsql AS $$
+BEGIN RETURN t::jsonb; EXCEPTION WHEN others THEN RETURN NULL; END $$;
+SET ROLE sh_reporter;
+INSERT INTO status_history.history (object_id, status, details)
+SELECT o, 'running', try_jsonb(d) FROM (VALUES ('d1a','{"ok":1}'), ('d1b','not json')) v(o, d);
+SELECT object_id, status, details FROM status_history.statuses WHERE object_id LIKE 'd1%' ORDER BY 1;
+-- The lost report being "dropped": a later report must still be stale.
+INSERT INTO status_history.history (object_id, status, details)
+SELECT o, s, try_jsonb(d) FROM (VALUES ('d1c','dropped','{}'), ('d1b','running','nope')) v(o, s, d);
+SELECT stale FROM status_history.report('d1c', 'running');
+RESET ROLE;
+SELECT state_mismatches() AS after_aborted_subxact;
+
+-- ... and a nested INSERT that fails inside an exception block must not roll
+-- back the outer statement's write-back.
+CREATE FUNCTION nested_fail(o text) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    BEGIN
+        INSERT INTO status_history.history (object_id, status) VALUES (o || '-inner', 'running');
+        INSERT INTO status_history.history (object_id, status) VALUES (o, 'bogus');
+    EXCEPTION WHEN invalid_parameter_value THEN NULL;
+    END;
+    RETURN 'stalled';
+END $$;
+INSERT INTO status_history.history (object_id, status)
+SELECT o, CASE WHEN o = 'd1e' THEN nested_fail(o) ELSE 'running' END
+  FROM (VALUES ('d1d'), ('d1e'), ('d1f')) v(o);
+SELECT object_id, status FROM status_history.statuses WHERE object_id LIKE 'd1%' ORDER BY 1;
+SELECT state_mismatches() AS after_nested_failure;
+
+-- Savepoints: released ones keep their state, rolled-back ones lose it, and
+-- the outer level's state survives a rollback of a later savepoint.
+BEGIN;
+INSERT INTO status_history.history (object_id, status) VALUES ('d1g', 'starting');
+SAVEPOINT a;
+INSERT INTO status_history.history (object_id, status) VALUES ('d1g', 'running'), ('d1h', 'running');
+RELEASE a;
+SAVEPOINT b;
+INSERT INTO status_history.history (object_id, status) VALUES ('d1g', 'stalled'), ('d1i', 'paused');
+SELECT state_mismatches() AS inside_savepoint;
+ROLLBACK TO b;
+SELECT state_mismatches() AS after_rollback_to;
+COMMIT;
+SELECT object_id, status FROM status_history.statuses WHERE object_id IN ('d1g', 'd1h', 'd1i') ORDER BY 1;
+
+-- 2. INSERT ... RETURNING run with a row limit (the executor stops early,
+--    no AFTER STATEMENT trigger fires).
+CREATE FUNCTION limited_insert() RETURNS text LANGUAGE plperl AS $$
+    my $r = spi_exec_query(q{INSERT INTO status_history.history (object_id, status)
+                             VALUES ('d2a', 'running'), ('d2b', 'stalled') RETURNING object_id}, 1);
+    return $r->{rows}[0]{object_id};
+$$;
+SELECT limited_insert();
+SELECT object_id, status FROM status_history.statuses WHERE object_id LIKE 'd2%' ORDER BY 1;
+SELECT state_mismatches() AS after_limited_spi;
+
+-- 3. Rows that ON CONFLICT DO NOTHING skips after the BEFORE ROW trigger ran:
+--    an idempotency key added by the owner, and an owner re-import of a stamp.
+CREATE UNIQUE INDEX history_idempotency ON status_history.history (object_id, reported_at);
+INSERT INTO status_history.history (object_id, status, reported_at)
+VALUES ('d3a', 'running', '2026-01-01 00:00:00+00');
+INSERT INTO status_history.history (object_id, status, reported_at)
+VALUES ('d3a', 'dropped', '2026-01-01 00:00:00+00') ON CONFLICT DO NOTHING;
+SELECT object_id, status FROM status_history.statuses WHERE object_id = 'd3a';
+SELECT stale FROM status_history.report('d3a', 'stalled');
+INSERT INTO status_history.history (occurred_at, object_id, status)
+SELECT occurred_at, object_id, 'dropped' FROM status_history.history WHERE object_id = 'd3a'
+ON CONFLICT DO NOTHING;
+SELECT object_id, status FROM status_history.statuses WHERE object_id = 'd3a';
+DROP INDEX status_history.history_idempotency;
+SELECT state_mismatches() AS after_on_conflict;
+
+-- An import into the past that breaks the current run of a status.
+INSERT INTO status_history.history (occurred_at, object_id, status)
+VALUES ('2020-01-01 00:00:03+00', 'd3b', 'running'), ('2020-01-01 00:00:01+00', 'd3b', 'running');
+INSERT INTO status_history.history (occurred_at, object_id, status)
+VALUES ('2020-01-01 00:00:02+00', 'd3b', 'stalled');
+SELECT status, status_since AT TIME ZONE 'UTC' AS status_since
+  FROM status_history.statuses WHERE object_id = 'd3b';
+SELECT state_mismatches() AS after_import_into_the_past;
+
+-- 4. reconnect(g, replica) copies the replica's newest non-stale report only.
+SELECT status, stale FROM status_history.report('d4', 'running', replica_id => 'r1', generation => 1);
+SELECT status, generation FROM status_history.reconnect(2, 'r1');
+SELECT status, stale FROM status_history.report('d4', 'stalled', replica_id => 'r1', generation => 1);
+SELECT status, generation FROM status_history.reconnect(3, 'r1');
+SELECT object_id, status, generation FROM status_history.statuses WHERE object_id = 'd4';
+
+-- 5. reconnect() evaluated inside an INSERT copies the state the statement
+--    has written so far (here: d5x's stalled), not the state before it.
+SELECT status FROM status_history.report('d5x', 'running');
+INSERT INTO status_history.history (object_id, status)
+SELECT 'd5x', 'stalled' UNION ALL
+SELECT 'd5y', 'running' FROM status_history.reconnect(1, NULL, ARRAY['d5x']);
+SELECT object_id, status, generation FROM status_history.statuses WHERE object_id LIKE 'd5%' ORDER BY 1;
+-- Without an object list it waits for every reporting transaction, so it
+-- is refused in one that has reported already ...
+BEGIN;
+SELECT status FROM status_history.report('d5x', 'stalled');
+SELECT count(*) FROM status_history.reconnect(1, 'r5');
+ROLLBACK;
+-- ... and allowed first in its transaction, before reports.
+BEGIN;
+SELECT count(*) FROM status_history.reconnect(1, 'r5');
+SELECT status, stale FROM status_history.report('d5x', 'paused', replica_id => 'r5', generation => 1);
+COMMIT;
+SELECT object_id, status FROM status_history.statuses WHERE object_id = 'd5x';
+SELECT state_mismatches() AS after_reconnect_rules;
+
+-- 10. report() and reconnect() keep working after a column was dropped from
+--     the history (upgrade scripts add and drop columns).
+ALTER TABLE status_history.history ADD COLUMN scratch int;
+ALTER TABLE status_history.history DROP COLUMN scratch;
+SELECT object_id, status FROM status_history.report('d10', 'running');
+SELECT object_id, status FROM status_history.reconnect(4, NULL, ARRAY['d10']);
+SELECT object_id, status FROM status_history.report_many(ARRAY['d10'], ARRAY['paused']);
+-- A two-dimensional object_ids is refused with a clear error.
+SELECT * FROM status_history.reconnect(5, NULL, ARRAY[['a','b'],['c','d']]);
+
+-- 13. A reconnect() without a list raises a floor: an object nobody reported
+--     on yet is fenced too, and so is a replica's next new object.
+SELECT count(*) > 0 AS restamped FROM status_history.reconnect(7);
+SELECT object_id, stale FROM status_history.report('d13-new', 'running', generation => 6);
+SELECT object_id, stale FROM status_history.report('d13-new2', 'running', generation => 7);
+SELECT fence FROM status_history.statuses WHERE object_id = 'd13-new2';
+SELECT count(*) FROM status_history.reconnect(9, 'r9');
+SELECT object_id, stale FROM status_history.report('d13-r9', 'running', replica_id => 'r9', generation => 8);
+SELECT object_id, stale FROM status_history.report('d13-r8', 'running', replica_id => 'r8', generation => 8);
+SELECT replica_id, generation FROM status_history.floors ORDER BY replica_id NULLS FIRST;
+-- A lower floor is refused like a lower fence.
+SELECT * FROM status_history.reconnect(6);
+SELECT * FROM status_history.reconnect(8, 'r9');
+
+-- report_many(): rows inserted in the order given, objects locked sorted.
+SELECT object_id, status, error, replica_id, generation
+  FROM status_history.report_many(ARRAY['rm-b', 'rm-a', 'rm-b'], ARRAY['starting', 'running', 'running'],
+                                  errors => ARRAY[NULL, 'e', NULL], generations => ARRAY[9, 9, 9]::bigint[]);
+SELECT * FROM status_history.report_many(ARRAY['x'], ARRAY['running', 'running']);
+SELECT * FROM status_history.report_many(NULL, ARRAY['running']);
+SELECT state_mismatches() AS at_end;

@@ -1,0 +1,607 @@
+/*
+ * fence.c — fencing: reconnect(), and the generation floors that fence
+ * objects nobody has reported on yet.
+ *
+ * A fence is a generation below which reports are recorded stale.  Each
+ * object has its own (status_history.objects.fence, raised by reconnect()
+ * under the object's row lock).  A reconnect() without an object list also
+ * raises a floor in status_history.floors: database-wide (no replica) or for
+ * one replica.  A report is stale when its generation is below its object's
+ * fence, the database-wide floor, or its replica's floor.  Floors close the
+ * gap an object list cannot: an object whose first report is still in flight
+ * is invisible to reconnect(), so it cannot be locked and fenced.
+ *
+ * Ordering floors against reports without a lock reporters wait on:
+ * - every reporting transaction takes ROW EXCLUSIVE on status_history.floors
+ *   (a fast-path lock, once per transaction) before it reads the floors;
+ * - reporters read the floors with a dirty snapshot, so a floor being raised
+ *   by a reconnect that has not committed yet already counts (if that
+ *   reconnect then rolls back, the report was stale for nothing: recorded,
+ *   never lost);
+ * - reconnect() raises the floor first, then waits for every transaction that
+ *   held that lock before (WaitForLockers, as CREATE INDEX CONCURRENTLY does)
+ *   while holding no object lock, then locks its scope.  Reports that read the
+ *   old floor have committed by then and their objects are in scope.
+ *
+ * Deadlocks: reconnect() locks its scope in one fixed order (bytewise by
+ * object id, the order report_many() uses too), so a single-object
+ * transaction or a sorted multi-object one cannot close a cycle with it.  It
+ * refuses, without an object list, to run in a transaction that already
+ * reported: it would wait for that transaction's fellow reporters while
+ * holding what they may wait for.  While it waits for one object it releases
+ * the rest after status_history.reconnect_lock_timeout, waits without holding
+ * anything, and starts again: one long transaction cannot freeze reports on
+ * the objects reconnect() had already locked.
+ */
+#include "postgres.h"
+
+#include "access/genam.h"
+#include "access/relscan.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/xact.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_collation.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "parser/parse_relation.h"
+#include "storage/lmgr.h"
+#include "storage/proc.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/fmgroids.h"
+#include "utils/guc.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
+#include "utils/tuplestore.h"
+
+#include "status_history.h"
+
+PG_FUNCTION_INFO_V1(status_history_reconnect);
+
+/* status_history.reconnect_lock_timeout, in milliseconds; 0: never back off. */
+static int	reconnect_lock_timeout = 200;
+
+/* This transaction has reported: reconnect() may no longer run in it. */
+static bool xact_reported = false;
+static bool in_reconnect = false;
+
+/* Floors read by this transaction: database-wide, and the last replica's. */
+static bool floors_read = false;
+static int64 floor_all = 0;
+static text *floor_replica = NULL;	/* in TopTransactionContext */
+static int64 floor_replica_value = 0;
+
+/* ---- floors, as reporters see them ---- */
+
+/* The highest generation of any version of the floor row, committed or not. */
+static int64
+read_floor(Datum replica_id, bool replica_null)
+{
+	Oid			relid = sh_relation_oid_if_exists("floors");
+	Relation	rel;
+	Relation	index;
+	SnapshotData dirty;
+	IndexScanDesc scan;
+	ScanKeyData key;
+	TupleTableSlot *slot;
+	AttrNumber	genatt;
+	int64		floor = 0;
+
+	/* A database still at 0.1.0 (not yet updated) has no floors. */
+	if (!OidIsValid(relid))
+		return 0;
+	rel = table_open(relid, RowExclusiveLock);
+	index = index_open(sh_relation_oid("floors_replica_key"), AccessShareLock);
+	slot = table_slot_create(rel, NULL);
+	genatt = attnameAttNum(rel, "generation", false);
+	InitDirtySnapshot(dirty);
+	if (replica_null)
+		ScanKeyEntryInitialize(&key, SK_ISNULL | SK_SEARCHNULL, 1, InvalidStrategy,
+							   InvalidOid, InvalidOid, InvalidOid, (Datum) 0);
+	else
+	{
+		ScanKeyInit(&key, 1, BTEqualStrategyNumber, F_TEXTEQ, replica_id);
+		key.sk_collation = index->rd_indcollation[0];
+	}
+	scan = index_beginscan(rel, index, &dirty, 1, 0);
+	index_rescan(scan, &key, 1, NULL, 0);
+	while (index_getnext_slot(scan, ForwardScanDirection, slot))
+	{
+		bool		isnull;
+		Datum		d = slot_getattr(slot, genatt, &isnull);
+
+		if (!isnull)
+			floor = Max(floor, DatumGetInt64(d));
+	}
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	index_close(index, AccessShareLock);
+	/* Keep ROW EXCLUSIVE to the end: reconnect() waits for us through it. */
+	table_close(rel, NoLock);
+	return floor;
+}
+
+/*
+ * The floor a report from replica_id must reach: the database-wide floor, or
+ * that replica's when higher.  Read once per transaction (and replica): a
+ * reconnect() raising a floor later waits for this transaction to end, so
+ * this transaction's reports come before it.
+ */
+int64
+sh_fence_floor(Datum replica_id, bool replica_null)
+{
+	if (!floors_read)
+	{
+		floor_all = read_floor((Datum) 0, true);
+		floors_read = true;
+		floor_replica = NULL;
+	}
+	if (replica_null)
+		return floor_all;
+	if (floor_replica == NULL ||
+		DatumGetBool(DirectFunctionCall2Coll(texteq, C_COLLATION_OID,
+											 PointerGetDatum(floor_replica), replica_id)) == false)
+	{
+		MemoryContext old = MemoryContextSwitchTo(TopTransactionContext);
+
+		if (floor_replica != NULL)
+			pfree(floor_replica);
+		floor_replica = DatumGetTextPCopy(replica_id);
+		MemoryContextSwitchTo(old);
+		floor_replica_value = read_floor(replica_id, false);
+	}
+	return Max(floor_all, floor_replica_value);
+}
+
+/* Reconnect's own copies are not the caller's reports. */
+void
+sh_fence_note_report(void)
+{
+	if (!in_reconnect)
+		xact_reported = true;
+}
+
+bool
+sh_fence_in_reconnect(void)
+{
+	return in_reconnect;
+}
+
+/* ---- reconnect() ---- */
+
+static void
+refuse_fenced(int64 generation, int64 fence, const char *what)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("generation " INT64_FORMAT " is below the fence " INT64_FORMAT " of %s",
+					generation, fence, what),
+			 errdetail("A controller with a newer generation has already reconnected."),
+			 errhint("This controller is superseded: stop it, or reconnect with a generation at least as high as the fence.")));
+}
+
+/*
+ * Raise the database-wide floor (replica NULL) or a replica's, then wait for
+ * every transaction that may have read the old one.  No-list reconnects take
+ * the database-wide row first, so they queue there holding nothing another
+ * reconnect's wait could be waiting for.
+ */
+static void
+raise_floor(int64 generation, Datum replica_id, bool replica_null)
+{
+	static SPIPlanPtr lock_all = NULL;
+	static SPIPlanPtr raise_all = NULL;
+	static SPIPlanPtr lock_one = NULL;
+	static SPIPlanPtr raise_one = NULL;
+	Oid			types[2] = {INT8OID, TEXTOID};
+	Datum		args[2] = {Int64GetDatum(generation), replica_id};
+	ShSavedUser saved;
+	LOCKTAG		tag;
+	Oid			relid = sh_relation_oid("floors");
+	bool		isnull;
+	int			ret;
+
+	SPI_connect();
+	sh_become_owner(relid, &saved);
+	if (lock_all == NULL)
+	{
+		lock_all = sh_prepare_kept("SELECT f.generation FROM status_history.floors AS f"
+								   " WHERE f.replica_id IS NULL FOR UPDATE", 0, NULL);
+		raise_all = sh_prepare_kept("UPDATE status_history.floors AS f SET generation = $1"
+									" WHERE f.replica_id IS NULL"
+									"   AND f.generation OPERATOR(pg_catalog.<) $1", 1, types);
+		lock_one = sh_prepare_kept("SELECT f.generation FROM status_history.floors AS f"
+								   " WHERE f.replica_id OPERATOR(pg_catalog.=) $2 FOR UPDATE", 2, types);
+		raise_one = sh_prepare_kept("INSERT INTO status_history.floors AS f (replica_id, generation)"
+									" VALUES ($2, $1) ON CONFLICT (replica_id) DO UPDATE"
+									" SET generation = pg_catalog.int8larger(f.generation, $1)",
+									2, types);
+	}
+	ret = sh_execute_latest(lock_all, NULL, NULL, false, 0);
+	if (ret != SPI_OK_SELECT || SPI_processed != 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_CORRUPTED),
+				 errmsg("the database-wide row of status_history.floors is missing"),
+				 errhint("Restore it: INSERT INTO status_history.floors VALUES (NULL, 0), as the extension owner.")));
+	if (replica_null)
+	{
+		int64		current = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+														  SPI_tuptable->tupdesc, 1, &isnull));
+
+		if (current > generation)
+			refuse_fenced(generation, current, "every object (database-wide)");
+		ret = sh_execute_latest(raise_all, args, NULL, false, 0);
+	}
+	else
+	{
+		ret = sh_execute_latest(lock_one, args, NULL, false, 0);
+		if (ret == SPI_OK_SELECT && SPI_processed == 1)
+		{
+			int64		current = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+															  SPI_tuptable->tupdesc, 1, &isnull));
+
+			if (current > generation)
+				refuse_fenced(generation, current,
+							  psprintf("replica \"%s\"", TextDatumGetCString(replica_id)));
+		}
+		ret = sh_execute_latest(raise_one, args, NULL, false, 0);
+	}
+	if (ret != SPI_OK_UPDATE && ret != SPI_OK_INSERT)
+		elog(ERROR, "status_history: raising a floor failed: %s", SPI_result_code_string(ret));
+	sh_restore_user(&saved);
+	SPI_finish();
+
+	/* Our own reports must see it too. */
+	floors_read = false;
+
+	SET_LOCKTAG_RELATION(tag, MyDatabaseId, relid);
+	WaitForLockers(tag, ShareLock, false);
+}
+
+/* Bytewise order of object ids: the one order every batch locks in. */
+static int
+compare_ids(const void *a, const void *b)
+{
+	text	   *x = DatumGetTextPP(*(const Datum *) a);
+	text	   *y = DatumGetTextPP(*(const Datum *) b);
+	int			lx = VARSIZE_ANY_EXHDR(x);
+	int			ly = VARSIZE_ANY_EXHDR(y);
+	int			c = memcmp(VARDATA_ANY(x), VARDATA_ANY(y), Min(lx, ly));
+
+	return c != 0 ? c : (lx > ly) - (lx < ly);
+}
+
+/* Sort ids and drop duplicates; returns the new count. */
+int
+sh_sort_ids(Datum *ids, int n)
+{
+	int			m = 0;
+
+	qsort(ids, n, sizeof(Datum), compare_ids);
+	for (int i = 0; i < n; i++)
+		if (m == 0 || compare_ids(&ids[m - 1], &ids[i]) != 0)
+			ids[m++] = ids[i];
+	return m;
+}
+
+/* The ids of the objects in scope, read with the newest committed state. */
+static int
+scope_ids(Datum replica_id, bool replica_null, Datum **ids)
+{
+	static SPIPlanPtr all_plan = NULL;
+	static SPIPlanPtr replica_plan = NULL;
+	Oid			types[1] = {TEXTOID};
+	Datum		args[1] = {replica_id};
+	MemoryContext outer = CurrentMemoryContext;
+	ShSavedUser saved;
+	int			ret;
+	int			n;
+
+	SPI_connect();
+	sh_become_owner(sh_relation_oid("objects"), &saved);
+	if (all_plan == NULL)
+	{
+		all_plan = sh_prepare_kept("SELECT o.object_id FROM status_history.objects AS o", 0, NULL);
+		replica_plan = sh_prepare_kept("SELECT DISTINCT h.object_id FROM status_history.history AS h"
+									   " WHERE h.replica_id OPERATOR(pg_catalog.=) $1", 1, types);
+	}
+	ret = sh_execute_latest(replica_null ? all_plan : replica_plan, args, NULL, true, 0);
+	if (ret != SPI_OK_SELECT)
+		elog(ERROR, "status_history: reading the scope failed: %s", SPI_result_code_string(ret));
+	n = (int) SPI_processed;
+	*ids = MemoryContextAlloc(outer, Max(n, 1) * sizeof(Datum));
+	for (int i = 0; i < n; i++)
+	{
+		bool		isnull;
+		Datum		d = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &isnull);
+
+		(*ids)[i] = SPI_datumTransfer(d, false, -1);
+	}
+	sh_restore_user(&saved);
+	SPI_finish();
+	return n;
+}
+
+/* Lock one object with a blocking wait, then let it go: the holder is done. */
+static void
+wait_for_object(Datum object_id)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	ResourceOwner owner = CurrentResourceOwner;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(cxt);
+	sh_objects_lock(object_id, sh_fence_floor((Datum) 0, true));
+	RollbackAndReleaseCurrentSubTransaction();
+	MemoryContextSwitchTo(cxt);
+	CurrentResourceOwner = owner;
+}
+
+/*
+ * Lock every object in ids (sorted), creating missing ones.  One attempt runs
+ * in a subtransaction with a short lock_timeout; when it times out on an
+ * object, everything it locked is released, the holder of that object is
+ * waited for without holding anything, and the attempt starts over.
+ */
+static void
+lock_scope(Datum *ids, int n)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	ResourceOwner owner = CurrentResourceOwner;
+	bool		back_off = reconnect_lock_timeout > 0 &&
+		(LockTimeout == 0 || LockTimeout > reconnect_lock_timeout);
+
+	for (;;)
+	{
+		volatile int at = 0;
+		volatile bool timed_out = false;
+
+		BeginInternalSubTransaction(NULL);
+		MemoryContextSwitchTo(cxt);
+		PG_TRY();
+		{
+			int			nest = NewGUCNestLevel();
+
+			if (back_off)
+				(void) set_config_option("lock_timeout", psprintf("%d", reconnect_lock_timeout),
+										 PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE,
+										 true, 0, false);
+			for (at = 0; at < n; at++)
+				sh_objects_lock(ids[at], sh_fence_floor((Datum) 0, true));
+			AtEOXact_GUC(true, nest);
+			ReleaseCurrentSubTransaction();
+			MemoryContextSwitchTo(cxt);
+			CurrentResourceOwner = owner;
+		}
+		PG_CATCH();
+		{
+			ErrorData  *edata;
+
+			MemoryContextSwitchTo(cxt);
+			edata = CopyErrorData();
+			FlushErrorState();
+			RollbackAndReleaseCurrentSubTransaction();
+			MemoryContextSwitchTo(cxt);
+			CurrentResourceOwner = owner;
+			if (!back_off || edata->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE)
+				ReThrowError(edata);
+			FreeErrorData(edata);
+			timed_out = true;
+		}
+		PG_END_TRY();
+		if (!timed_out)
+			return;
+		CHECK_FOR_INTERRUPTS();
+		wait_for_object(ids[at]);
+	}
+}
+
+/* Append the re-stamped copies and hand them to the caller's tuplestore. */
+static void
+append_copies(ReturnSetInfo *rsinfo, Datum *ids, int n, int64 generation,
+			  Datum replica_id, bool replica_null)
+{
+	static SPIPlanPtr current_plan = NULL;
+	static SPIPlanPtr replica_plan = NULL;
+	Oid			types[3] = {TEXTARRAYOID, INT8OID, TEXTOID};
+	Datum		args[3];
+	char		nulls[3] = {' ', ' ', replica_null ? 'n' : ' '};
+	int			ret;
+
+	args[0] = PointerGetDatum(construct_array(ids, n, TEXTOID, -1, false, TYPALIGN_INT));
+	args[1] = Int64GetDatum(generation);
+	args[2] = replica_id;
+	SPI_connect();
+	if (current_plan == NULL)
+	{
+		/* Every live object's current report, as the view shows it. */
+		current_plan = sh_prepare_kept(
+									   "INSERT INTO status_history.history AS h"
+									   " (object_id, status, error, details, replica_id, generation, reported_at)"
+									   " SELECT o.object_id, o.status, o.error, o.details, o.replica_id, $2, o.reported_at"
+									   "   FROM pg_catalog.unnest($1) WITH ORDINALITY AS s(id, n)"
+									   "   JOIN status_history.objects AS o ON o.object_id OPERATOR(pg_catalog.=) s.id"
+									   "  WHERE o.occurred_at IS NOT NULL AND o.status OPERATOR(pg_catalog.<>) 'dropped'"
+									   "  ORDER BY s.n"
+									   " RETURNING h", 3, types);
+		/* The replica's newest non-stale report of every live object. */
+		replica_plan = sh_prepare_kept(
+									   "INSERT INTO status_history.history AS h"
+									   " (object_id, status, error, details, replica_id, generation, reported_at)"
+									   " SELECT o.object_id, r.status, r.error, r.details, r.replica_id, $2, r.reported_at"
+									   "   FROM pg_catalog.unnest($1) WITH ORDINALITY AS s(id, n)"
+									   "   JOIN status_history.objects AS o ON o.object_id OPERATOR(pg_catalog.=) s.id"
+									   "  CROSS JOIN LATERAL ("
+									   "        SELECT r.status, r.error, r.details, r.replica_id, r.reported_at"
+									   "          FROM status_history.history AS r"
+									   "         WHERE r.replica_id OPERATOR(pg_catalog.=) $3"
+									   "           AND r.object_id OPERATOR(pg_catalog.=) o.object_id AND NOT r.stale"
+									   "         ORDER BY r.occurred_at DESC LIMIT 1) AS r"
+									   "  WHERE o.occurred_at IS NOT NULL AND o.status OPERATOR(pg_catalog.<>) 'dropped'"
+									   "  ORDER BY s.n"
+									   " RETURNING h", 3, types);
+	}
+	/* Runs as the caller's definer (SECURITY DEFINER): the extension owner. */
+	ret = sh_execute_latest(replica_null ? current_plan : replica_plan, args, nulls, false, 0);
+	if (ret != SPI_OK_INSERT_RETURNING)
+		elog(ERROR, "status_history: re-stamping failed: %s", SPI_result_code_string(ret));
+	sh_put_returned_rows(rsinfo);
+	SPI_finish();
+}
+
+/* Refuse what reconnect() cannot do; the messages say how to call it. */
+static void
+check_reconnect_args(FunctionCallInfo fcinfo)
+{
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("generation must not be null"),
+				 errhint("Pass the generation of the controller or deployment that is reconnecting.")));
+	if (PG_GETARG_INT64(0) < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("generation must not be negative, got " INT64_FORMAT, PG_GETARG_INT64(0)),
+				 errhint("Generations start at 0 and only grow.")));
+	if (!PG_ARGISNULL(1) && VARSIZE_ANY_EXHDR(PG_GETARG_TEXT_PP(1)) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("replica_id must not be empty"),
+				 errhint("Pass NULL to reconnect without naming a replica.")));
+	if (!PG_ARGISNULL(2) && ARR_NDIM(PG_GETARG_ARRAYTYPE_P(2)) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("object_ids must be a one-dimensional array"),
+				 errhint("List object ids only, or pass NULL to reconnect every object in scope.")));
+	if (xact_reported && PG_ARGISNULL(2))
+		ereport(ERROR,
+				(errcode(ERRCODE_ACTIVE_SQL_TRANSACTION),
+				 errmsg("reconnect() without object_ids must run before any report in its transaction"),
+				 errdetail("It waits for every transaction that is reporting, and this one already holds object locks."),
+				 errhint("Call reconnect() in its own transaction or first in it, or list the objects in object_ids.")));
+}
+
+/* The listed ids, checked. */
+static int
+listed_ids(ArrayType *listed, Datum **ids)
+{
+	bool	   *nulls;
+	int			n;
+
+	deconstruct_array(listed, TEXTOID, -1, false, TYPALIGN_INT, ids, &nulls, &n);
+	for (int i = 0; i < n; i++)
+	{
+		if (nulls[i])
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("object_ids must not contain NULL"),
+					 errhint("List object ids only, or pass NULL to reconnect every object in scope.")));
+		if (VARSIZE_ANY_EXHDR(DatumGetTextPP((*ids)[i])) == 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("object_ids must not contain an empty object id"),
+					 errhint("Object ids are non-empty strings.")));
+	}
+	return n;
+}
+
+/*
+ * SQL: status_history.reconnect(generation, replica_id, object_ids)
+ * Scope: the listed objects; else those replica_id reported on; else all.
+ * Raises the floor (without a list), locks the scope, refuses when a fence
+ * is above generation, raises the fences, and re-stamps each live object's
+ * current report (or the replica's newest non-stale one) so it sorts last.
+ */
+Datum
+status_history_reconnect(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	int64		generation;
+	bool		replica_null = PG_ARGISNULL(1);
+	Datum		replica_id = replica_null ? (Datum) 0 : PG_GETARG_DATUM(1);
+	Datum	   *ids;
+	int			n;
+
+	check_reconnect_args(fcinfo);
+	generation = PG_GETARG_INT64(0);
+	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+	sh_objects_flush();
+
+	PG_TRY();
+	{
+		in_reconnect = true;
+		if (PG_ARGISNULL(2))
+		{
+			raise_floor(generation, replica_id, replica_null);
+			n = scope_ids(replica_id, replica_null, &ids);
+		}
+		else
+			n = listed_ids(PG_GETARG_ARRAYTYPE_P(2), &ids);
+		n = sh_sort_ids(ids, n);
+		lock_scope(ids, n);
+		for (int i = 0; i < n; i++)
+		{
+			ShObjectState *state = sh_objects_lock(ids[i], 0);
+
+			if (state->fence > generation)
+				refuse_fenced(generation, state->fence,
+							  psprintf("object \"%s\"", TextDatumGetCString(ids[i])));
+		}
+		sh_objects_raise_fences(ids, n, generation);
+		if (n > 0)
+			append_copies(rsinfo, ids, n, generation, replica_id, replica_null);
+		in_reconnect = false;
+	}
+	PG_FINALLY();
+	{
+		in_reconnect = false;
+	}
+	PG_END_TRY();
+	xact_reported = true;
+	return (Datum) 0;
+}
+
+static void
+fence_xact_callback(XactEvent event, void *arg)
+{
+	if (event == XACT_EVENT_PRE_COMMIT || event == XACT_EVENT_PRE_PREPARE ||
+		event == XACT_EVENT_PARALLEL_PRE_COMMIT)
+		return;
+	xact_reported = false;
+	in_reconnect = false;
+	floors_read = false;
+	floor_replica = NULL;		/* freed with TopTransactionContext */
+}
+
+/* A rolled-back reconnect() may have raised a floor we cached: read again. */
+static void
+fence_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+					   SubTransactionId parentSubid, void *arg)
+{
+	if (event == SUBXACT_EVENT_ABORT_SUB)
+	{
+		floors_read = false;
+		if (floor_replica != NULL)
+			pfree(floor_replica);
+		floor_replica = NULL;
+	}
+}
+
+void
+sh_fence_init(void)
+{
+	DefineCustomIntVariable("status_history.reconnect_lock_timeout",
+							"How long reconnect() waits for one object while holding the others it locked.",
+							"Past it, reconnect() releases its locks, waits for that object without holding anything, and starts over. 0 waits indefinitely.",
+							&reconnect_lock_timeout, 200, 0, INT_MAX,
+							PGC_USERSET, GUC_UNIT_MS, NULL, NULL, NULL);
+	MarkGUCPrefixReserved("status_history");
+	RegisterXactCallback(fence_xact_callback, NULL);
+	RegisterSubXactCallback(fence_subxact_callback, NULL);
+}
