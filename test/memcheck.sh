@@ -55,7 +55,10 @@ for _ in $(seq 1 60); do
 done
 
 status=0
-if ! PGHOST="$work" PGPORT=54331 PGUSER=postgres make -s PG_CONFIG="$PG_CONFIG" installcheck; then
+# The deadlocks spec relies on short lock timeouts and pauses, which a server
+# running 20-50 times slower under valgrind does not keep: left out here.
+iso=$(cd test/specs && ls *.spec | sed 's/\.spec$//' | grep -vx deadlocks | tr '\n' ' ')
+if ! PGHOST="$work" PGPORT=54331 PGUSER=postgres make -s PG_CONFIG="$PG_CONFIG" ISOLATION="$iso" installcheck; then
     status=1
     cat regression.diffs output_iso/regression.diffs 2>/dev/null || true
 fi
