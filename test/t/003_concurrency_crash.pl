@@ -1,5 +1,7 @@
 # Many sessions reporting on a few hundred objects (several on the same
-# objects) with concurrent reconnect() calls at rising generations; then the
+# objects): single reports, transactions over several objects in sorted
+# order, savepoints rolled back, batches through report_many() in random
+# order, with concurrent reconnect() calls at rising generations; then the
 # same load with the postmaster killed in the middle, several times.  After
 # each run every invariant of the contract is checked (see ShTest.pm).
 use strict;
@@ -25,7 +27,10 @@ my $dir = ShTest::setup_workload($node, $objects);
 note("load: $clients clients x $per_client transactions on $objects objects");
 my $load = ShTest::start_load($node, $dir, $clients, [ '-t', $per_client ]);
 my $acked = ShTest::finish_load($load);
-is($acked, $clients * $per_client, "every one of $acked reports succeeded (no client aborted)");
+like($load->{out}, qr/^number of transactions actually processed: ${\($clients * $per_client)}\b/m,
+	"every one of the reporters' transactions succeeded (no client aborted)");
+is($load->{deadlocks}, 0, 'no deadlock between single-object, sorted multi-object, savepoint, '
+	. 'report_many() and reconnect() transactions');
 is(ShTest::one($node, "SELECT count(*) > 0 FROM fence_log"), 't', 'some reconnects succeeded');
 is(ShTest::one($node, "SELECT count(*) > 0 FROM status_history.history WHERE stale"), 't',
 	'some reports were stale');

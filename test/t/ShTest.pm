@@ -44,9 +44,46 @@ SELECT status_history.report('obj-' || :obj,
 \\set obj random(1, $objects)
 SELECT status_history.report('obj-' || :obj, 'dropped');
 });
+	# Several objects in one transaction, locked in bytewise (C) order.
+	write_file("$dir/multi.sql", qq{
+\\set a random(1, $objects / 3)
+\\set b random($objects / 3 + 1, 2 * $objects / 3)
+\\set c random(2 * $objects / 3 + 1, $objects)
+BEGIN;
+SELECT status_history.report(s.o, 'running', NULL, NULL, 'w' || :client_id,
+       (SELECT greatest(last_value - 1, 0) FROM gen_seq))
+  FROM (SELECT 'obj-' || x AS o FROM unnest(ARRAY[:a, :b, :c]) AS x
+         ORDER BY ('obj-' || x) COLLATE "C") AS s;
+COMMIT;
+});
+	# A savepoint rolled back in the middle: obj-N < obj-N-s < obj-N-t.
+	write_file("$dir/savepoint.sql", qq{
+\\set obj random(1, $objects)
+BEGIN;
+SELECT status_history.report('obj-' || :obj, 'paused', NULL, NULL, 'w' || :client_id);
+SAVEPOINT s;
+SELECT status_history.report('obj-' || :obj || '-s', 'stalled', NULL, NULL, 'w' || :client_id);
+ROLLBACK TO SAVEPOINT s;
+SELECT status_history.report('obj-' || :obj || '-t', 'running', NULL, NULL, 'w' || :client_id);
+COMMIT;
+});
+	# A batch of 20 in no particular order: report_many() locks them sorted.
+	write_file("$dir/bulk.sql", qq{
+SELECT count(*) FROM status_history.report_many(
+       ARRAY(SELECT 'obj-' || (1 + floor(random() * $objects))::int FROM generate_series(1, 20)),
+       ARRAY(SELECT (ARRAY['starting','running','paused','stalled','ceased'])[1 + floor(random() * 5)::int]
+               FROM generate_series(1, 20)),
+       replica_ids => array_fill('w' || :client_id, ARRAY[20]),
+       generations => array_fill((SELECT greatest(last_value - 1, 0) FROM gen_seq), ARRAY[20]));
+});
 	write_file("$dir/reconnect.sql", "SELECT sh_test_reconnect();\n");
 	return $dir;
 }
+
+# The reporters' scripts: weight, and reports each transaction commits.
+our @SCRIPTS = (
+	[ 'report.sql', 400, 1 ], [ 'drop.sql', 1, 1 ], [ 'multi.sql', 40, 3 ],
+	[ 'savepoint.sql', 40, 2 ], [ 'bulk.sql', 10, 20 ]);
 
 sub write_file
 {
@@ -70,7 +107,7 @@ sub start_load
 	$h{run} = IPC::Run::start(
 		[
 			@conn, '-c', $clients, '-j', 2, @$limit,
-			'-f', "$dir/report.sql\@400", '-f', "$dir/drop.sql\@1", 'postgres'
+			(map { ('-f', "$dir/$_->[0]\@$_->[1]") } @SCRIPTS), 'postgres'
 		],
 		'>', \$h{out}, '2>', \$h{err});
 	my @climit = $limit->[0] eq '-t' ? ('-t', 40) : @$limit;
@@ -92,12 +129,20 @@ sub finish_load
 		my @lines = grep { /ERROR/ && !/terminat|connection|server closed/ } split /\n/, $err;
 		diag(join("\n", @lines[0 .. ($#lines < 4 ? $#lines : 4)])) if @lines;
 	}
-	if ($h->{out} !~ /^number of transactions actually processed: (\d+)/m)
+	$h->{deadlocks} = () = ($h->{err} . $h->{cerr}) =~ /deadlock detected/g;
+	# Acknowledged reports: each script's transactions times its reports.
+	my $reports = 0;
+	for my $i (0 .. $#SCRIPTS)
 	{
-		diag("pgbench printed no count:\n$h->{out}\n$h->{err}");
-		return 0;
+		my $n = $i + 1;
+		if ($h->{out} !~ /^SQL script $n: .*\n(?: - .*\n)*? - (\d+) transactions/m)
+		{
+			diag("pgbench printed no count for script $n:\n$h->{out}\n$h->{err}");
+			return 0;
+		}
+		$reports += $1 * $SCRIPTS[$i][2];
 	}
-	return $1;
+	return $reports;
 }
 
 # kill -9 the postmaster, then start again once its children are gone.
