@@ -71,11 +71,17 @@ static int	reconnect_lock_timeout = 200;
 static bool xact_reported = false;
 static bool in_reconnect = false;
 
-/* Floors read by this transaction: database-wide, and the last replica's. */
+/* Floors read by this transaction: database-wide, and per replica. */
+typedef struct ReplicaFloor
+{
+	text	   *key;			/* replica id, in floors_context */
+	int64		floor;
+} ReplicaFloor;
+
 static bool floors_read = false;
 static int64 floor_all = 0;
-static text *floor_replica = NULL;	/* in TopTransactionContext */
-static int64 floor_replica_value = 0;
+static MemoryContext floors_context = NULL;	/* child of TopTransactionContext */
+static HTAB *replica_floors = NULL;
 
 /* ---- floors, as reporters see them ---- */
 
@@ -136,27 +142,53 @@ read_floor(Datum replica_id, bool replica_null)
 int64
 sh_fence_floor(Datum replica_id, bool replica_null)
 {
+	text	   *key;
+	ReplicaFloor *entry;
+	bool		found;
+
 	if (!floors_read)
 	{
+		HASHCTL		ctl;
+
 		floor_all = read_floor((Datum) 0, true);
+		floors_context = AllocSetContextCreate(TopTransactionContext,
+											   "status_history floors",
+											   ALLOCSET_SMALL_SIZES);
+		ctl.keysize = sizeof(text *);
+		ctl.entrysize = sizeof(ReplicaFloor);
+		ctl.hash = sh_text_key_hash;
+		ctl.match = sh_text_key_match;
+		ctl.hcxt = floors_context;
+		replica_floors = hash_create("status_history floors", 16, &ctl,
+									 HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
 		floors_read = true;
-		floor_replica = NULL;
 	}
 	if (replica_null)
 		return floor_all;
-	if (floor_replica == NULL ||
-		DatumGetBool(DirectFunctionCall2Coll(texteq, C_COLLATION_OID,
-											 PointerGetDatum(floor_replica), replica_id)) == false)
+	key = DatumGetTextPP(replica_id);
+	entry = hash_search(replica_floors, &key, HASH_FIND, NULL);
+	if (entry == NULL)
 	{
-		MemoryContext old = MemoryContextSwitchTo(TopTransactionContext);
+		int64		floor = read_floor(replica_id, false);
 
-		if (floor_replica != NULL)
-			pfree(floor_replica);
-		floor_replica = DatumGetTextPCopy(replica_id);
-		MemoryContextSwitchTo(old);
-		floor_replica_value = read_floor(replica_id, false);
+		key = (text *) MemoryContextAlloc(floors_context, VARSIZE_ANY(key));
+		memcpy(key, DatumGetTextPP(replica_id), VARSIZE_ANY(DatumGetTextPP(replica_id)));
+		entry = hash_search(replica_floors, &key, HASH_ENTER, &found);
+		entry->key = key;
+		entry->floor = floor;
 	}
-	return Max(floor_all, floor_replica_value);
+	return Max(floor_all, entry->floor);
+}
+
+/* Forget the floors read: a reconnect() raised one, or rolled one back. */
+static void
+forget_floors(void)
+{
+	if (floors_context != NULL && floors_read)
+		MemoryContextDelete(floors_context);
+	floors_context = NULL;
+	replica_floors = NULL;
+	floors_read = false;
 }
 
 /* Reconnect's own copies are not the caller's reports. */
@@ -258,7 +290,7 @@ raise_floor(int64 generation, Datum replica_id, bool replica_null)
 	SPI_finish();
 
 	/* Our own reports must see it too. */
-	floors_read = false;
+	forget_floors();
 
 	SET_LOCKTAG_RELATION(tag, MyDatabaseId, relid);
 	WaitForLockers(tag, ShareLock, false);
@@ -575,8 +607,10 @@ fence_xact_callback(XactEvent event, void *arg)
 		return;
 	xact_reported = false;
 	in_reconnect = false;
+	/* Freed with TopTransactionContext. */
+	floors_context = NULL;
+	replica_floors = NULL;
 	floors_read = false;
-	floor_replica = NULL;		/* freed with TopTransactionContext */
 }
 
 /* A rolled-back reconnect() may have raised a floor we cached: read again. */
@@ -585,12 +619,7 @@ fence_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 					   SubTransactionId parentSubid, void *arg)
 {
 	if (event == SUBXACT_EVENT_ABORT_SUB)
-	{
-		floors_read = false;
-		if (floor_replica != NULL)
-			pfree(floor_replica);
-		floor_replica = NULL;
-	}
+		forget_floors();
 }
 
 void

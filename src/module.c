@@ -15,6 +15,7 @@
 #include "access/htup_details.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
+#include "common/hashfn.h"
 #include "fmgr.h"
 #include "miscadmin.h"
 #include "catalog/pg_class.h"
@@ -145,4 +146,27 @@ sh_put_returned_rows(ReturnSetInfo *rsinfo)
 		tuple.t_data = row;
 		tuplestore_puttuple(rsinfo->setResult, &tuple);
 	}
+}
+
+/* Hash tables keyed by a text pointer (object and replica ids): hash ... */
+uint32
+sh_text_key_hash(const void *key, Size keysize)
+{
+	text	   *t = *(text *const *) key;
+
+	return DatumGetUInt32(hash_any((const unsigned char *) VARDATA_ANY(t),
+								   VARSIZE_ANY_EXHDR(t)));
+}
+
+/* ... and compare bytewise (0: equal). */
+int
+sh_text_key_match(const void *key1, const void *key2, Size keysize)
+{
+	text	   *a = *(text *const *) key1;
+	text	   *b = *(text *const *) key2;
+	Size		len = VARSIZE_ANY_EXHDR(a);
+
+	if (len != VARSIZE_ANY_EXHDR(b))
+		return 1;
+	return memcmp(VARDATA_ANY(a), VARDATA_ANY(b), len);
 }

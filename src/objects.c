@@ -363,27 +363,6 @@ lock_and_read(Datum object_id, int64 new_fence, ShObjectState *state)
 
 /* ---- the cache ---- */
 
-static uint32
-key_hash(const void *key, Size keysize)
-{
-	text	   *t = *(text *const *) key;
-
-	return DatumGetUInt32(hash_any((const unsigned char *) VARDATA_ANY(t),
-								   VARSIZE_ANY_EXHDR(t)));
-}
-
-static int
-key_compare(const void *key1, const void *key2, Size keysize)
-{
-	text	   *a = *(text *const *) key1;
-	text	   *b = *(text *const *) key2;
-	Size		len = VARSIZE_ANY_EXHDR(a);
-
-	if (len != VARSIZE_ANY_EXHDR(b))
-		return 1;
-	return memcmp(VARDATA_ANY(a), VARDATA_ANY(b), len);
-}
-
 /* The cache lives in the transaction's memory; it dies with it. */
 static void
 cache_create(void)
@@ -395,8 +374,8 @@ cache_create(void)
 										  ALLOCSET_DEFAULT_SIZES);
 	ctl.keysize = sizeof(text *);
 	ctl.entrysize = sizeof(CachedObject);
-	ctl.hash = key_hash;
-	ctl.match = key_compare;
+	ctl.hash = sh_text_key_hash;
+	ctl.match = sh_text_key_match;
 	ctl.hcxt = cache_context;
 	cache = hash_create("status_history object cache", 64, &ctl,
 						HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
@@ -720,8 +699,6 @@ sh_objects_flush(void)
 		write_batch(batch, n);
 	spi_end(&saved);
 	pfree(batch);
-	if (hash_get_num_entries(cache) > cache_max_objects)
-		cache_shrink();
 }
 
 /* Write back and forget every entry's state: SQL is about to change rows. */
@@ -760,6 +737,12 @@ sh_objects_lock(Datum object_id, int64 new_fence)
 	if (cache == NULL)
 		cache_create();
 	entry = hash_search(cache, &key, HASH_FIND, NULL);
+	if (entry == NULL && hash_get_num_entries(cache) >= cache_max_objects)
+	{
+		/* Full: make room.  No caller holds a state pointer across this call. */
+		sh_objects_flush();
+		cache_shrink();
+	}
 	if (entry == NULL)
 	{
 		ShObjectState state;
