@@ -76,3 +76,28 @@ LANGUAGE C VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION status_history.reconnect(bigint, text, text[]) IS
     'Raises the fence of every object in scope to generation (and, without an object list, the database-wide or the replica''s floor) and re-stamps their current status so it sorts last; returns the appended rows.';
+
+-- Dump and restore keep fences and floors: objects and floors are dumped, a
+-- restore's rows are merged into what exists, and an import keeps the stale
+-- flag it gives (stale has no default: the insert trigger sets it).
+ALTER TABLE status_history.history ALTER COLUMN stale DROP DEFAULT;
+COMMENT ON COLUMN status_history.history.stale IS
+    'True when the report arrived below the object''s fence or a floor, or after it was dropped; a stale report never becomes current. Set by the extension; kept as given only on imports (occurred_at supplied).';
+SELECT pg_catalog.pg_extension_config_dump('status_history.objects', '');
+SELECT pg_catalog.pg_extension_config_dump('status_history.floors', '');
+CREATE FUNCTION status_history.restore_merge()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'status_history_restore_merge'
+LANGUAGE C
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION status_history.restore_merge() IS
+    'Rows inserted into objects or floors by anyone but the extension (a restore) are merged with what exists: fences and floors keep the higher generation.';
+REVOKE ALL ON FUNCTION status_history.restore_merge() FROM PUBLIC;
+CREATE TRIGGER objects_restore_merge
+    BEFORE INSERT ON status_history.objects
+    FOR EACH ROW EXECUTE FUNCTION status_history.restore_merge();
+ALTER TABLE status_history.objects ENABLE ALWAYS TRIGGER objects_restore_merge;
+CREATE TRIGGER floors_restore_merge
+    BEFORE INSERT ON status_history.floors
+    FOR EACH ROW EXECUTE FUNCTION status_history.restore_merge();
+ALTER TABLE status_history.floors ENABLE ALWAYS TRIGGER floors_restore_merge;

@@ -19,7 +19,7 @@ CREATE TABLE status_history.history (
     replica_id  text,
     generation  bigint      NOT NULL DEFAULT 0,
     reported_at timestamptz,
-    stale       boolean     NOT NULL DEFAULT false,
+    stale       boolean     NOT NULL,   -- set by the insert trigger unless imported
     CONSTRAINT history_pkey PRIMARY KEY (occurred_at)
 );
 CREATE INDEX history_object_idx
@@ -47,7 +47,7 @@ COMMENT ON COLUMN status_history.history.generation IS
 COMMENT ON COLUMN status_history.history.reported_at IS
     'The reporter''s own clock; informational, never used for ordering.';
 COMMENT ON COLUMN status_history.history.stale IS
-    'True when the report arrived below the object''s fence or after it was dropped; a stale report never becomes current.';
+    'True when the report arrived below the object''s fence or a floor, or after it was dropped; a stale report never becomes current. Set by the extension; kept as given only on imports (occurred_at supplied).';
 
 -- ---------------------------------------------------------------------------
 -- Per-object state: the fence and a copy of the current report.  Written only
@@ -108,7 +108,13 @@ COMMENT ON COLUMN status_history.floors.generation IS
     'Reports (of that replica, or any report for the NULL row) below this generation are stale.';
 
 -- pg_dump keeps the data of extension-owned tables only when asked to.
+-- The state and the fences are dumped too: a restore keeps them (fences are
+-- not derivable from the history), merging with what the history's restore
+-- rebuilds (the merge triggers below).  The clock's bound is not: restored
+-- rows are imports, and the clock continues above them.
 SELECT pg_catalog.pg_extension_config_dump('status_history.history', '');
+SELECT pg_catalog.pg_extension_config_dump('status_history.objects', '');
+SELECT pg_catalog.pg_extension_config_dump('status_history.floors', '');
 
 -- ---------------------------------------------------------------------------
 -- The clock.
@@ -180,6 +186,24 @@ CREATE TRIGGER objects_guard
     BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON status_history.objects
     FOR EACH STATEMENT EXECUTE FUNCTION status_history.objects_guard();
 ALTER TABLE status_history.objects ENABLE ALWAYS TRIGGER objects_guard;
+
+CREATE FUNCTION status_history.restore_merge()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'status_history_restore_merge'
+LANGUAGE C
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION status_history.restore_merge() IS
+    'Rows inserted into objects or floors by anyone but the extension (a restore) are merged with what exists: fences and floors keep the higher generation.';
+
+CREATE TRIGGER objects_restore_merge
+    BEFORE INSERT ON status_history.objects
+    FOR EACH ROW EXECUTE FUNCTION status_history.restore_merge();
+ALTER TABLE status_history.objects ENABLE ALWAYS TRIGGER objects_restore_merge;
+CREATE TRIGGER floors_restore_merge
+    BEFORE INSERT ON status_history.floors
+    FOR EACH ROW EXECUTE FUNCTION status_history.restore_merge();
+ALTER TABLE status_history.floors ENABLE ALWAYS TRIGGER floors_restore_merge;
 
 -- ---------------------------------------------------------------------------
 -- Writing.

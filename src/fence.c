@@ -268,7 +268,7 @@ raise_floor(int64 generation, Datum replica_id, bool replica_null)
 
 		if (current > generation)
 			refuse_fenced(generation, current, "every object (database-wide)");
-		ret = sh_execute_latest(raise_all, args, NULL, false, 0);
+		ret = sh_execute_own(raise_all, args, NULL);
 	}
 	else
 	{
@@ -282,7 +282,7 @@ raise_floor(int64 generation, Datum replica_id, bool replica_null)
 				refuse_fenced(generation, current,
 							  psprintf("replica \"%s\"", TextDatumGetCString(replica_id)));
 		}
-		ret = sh_execute_latest(raise_one, args, NULL, false, 0);
+		ret = sh_execute_own(raise_one, args, NULL);
 	}
 	if (ret != SPI_OK_UPDATE && ret != SPI_OK_INSERT)
 		elog(ERROR, "status_history: raising a floor failed: %s", SPI_result_code_string(ret));

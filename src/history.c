@@ -252,9 +252,13 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 	else
 		stamp = sh_clock_next();
 
-	stale = (!nulls[cols.stale] && DatumGetBool(values[cols.stale])) ||
-		generation < state->fence || generation < floor ||
-		(state->has_current && strcmp(state->status, "dropped") == 0);
+	if (imported && !nulls[cols.stale])
+		/* A restore or an import that says what it was: keep it. */
+		stale = DatumGetBool(values[cols.stale]);
+	else
+		stale = (!nulls[cols.stale] && DatumGetBool(values[cols.stale])) ||
+			generation < state->fence || generation < floor ||
+			(state->has_current && strcmp(state->status, "dropped") == 0);
 
 	if (!stale)
 	{

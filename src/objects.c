@@ -43,6 +43,7 @@
 
 #include "access/genam.h"
 #include "access/heapam.h"
+#include "access/htup_details.h"
 #include "access/relscan.h"
 #include "access/table.h"
 #include "access/tableam.h"
@@ -71,6 +72,7 @@
 #include "status_history.h"
 
 PG_FUNCTION_INFO_V1(status_history_objects_guard);
+PG_FUNCTION_INFO_V1(status_history_restore_merge);
 
 /* Write-backs go in set-based UPDATEs of at most this many objects. */
 #define FLUSH_CHUNK 4096
@@ -212,9 +214,9 @@ spi_end(const ShSavedUser *saved)
 	SPI_finish();
 }
 
-/* Run one of our own statements on objects, without tripping the guard. */
-static int
-execute_own(SPIPlanPtr plan, Datum *args, const char *nulls)
+/* Run one of our own statements on our tables, without tripping the guards. */
+int
+sh_execute_own(SPIPlanPtr plan, Datum *args, const char *nulls)
 {
 	int			ret;
 	bool		was_writing = writing;
@@ -337,7 +339,7 @@ create_row(Datum object_id, int64 fence)
 	int			ret;
 
 	spi_begin(&saved);
-	ret = execute_own(create_plan, args, NULL);
+	ret = sh_execute_own(create_plan, args, NULL);
 	if (ret != SPI_OK_INSERT)
 		elog(ERROR, "status_history: creating object failed: %s", SPI_result_code_string(ret));
 	spi_end(&saved);
@@ -572,7 +574,7 @@ static void
 recompute(CachedObject *entry)
 {
 	Datum		args[1] = {PointerGetDatum(entry->key)};
-	int			ret = execute_own(recompute_plan, args, NULL);
+	int			ret = sh_execute_own(recompute_plan, args, NULL);
 	TupleDesc	desc;
 	HeapTuple	tuple;
 	bool		isnull;
@@ -605,7 +607,7 @@ write_one(CachedObject *entry)
 	args[0] = PointerGetDatum(entry->key);
 	args[1] = TimestampTzGetDatum(entry->state.current_at);
 	args[2] = TimestampTzGetDatum(entry->state.status_since);
-	ret = execute_own(write_one_plan, args, NULL);
+	ret = sh_execute_own(write_one_plan, args, NULL);
 	if (ret != SPI_OK_UPDATE)
 		elog(ERROR, "status_history: writing back an object failed: %s",
 			 SPI_result_code_string(ret));
@@ -629,7 +631,7 @@ write_many(CachedObject **entries, int n)
 	for (int i = 0; i < n; i++)
 		elems[i] = TimestampTzGetDatum(entries[i]->state.status_since);
 	args[2] = column_array(elems, n, TIMESTAMPTZOID);
-	ret = execute_own(write_many_plan, args, NULL);
+	ret = sh_execute_own(write_many_plan, args, NULL);
 	if (ret != SPI_OK_UPDATE)
 		elog(ERROR, "status_history: writing back %d objects failed: %s",
 			 n, SPI_result_code_string(ret));
@@ -826,7 +828,7 @@ sh_objects_raise_fences(Datum *ids, int n, int64 fence)
 							   "  FROM pg_catalog.unnest($1) AS s(id)"
 							   " WHERE o.object_id OPERATOR(pg_catalog.=) s.id"
 							   "   AND o.fence OPERATOR(pg_catalog.<) $2", 2, types);
-	ret = execute_own(plan, args, NULL);
+	ret = sh_execute_own(plan, args, NULL);
 	if (ret != SPI_OK_UPDATE || SPI_processed != (uint64) m)
 		elog(ERROR, "status_history: raising fences failed: %s", SPI_result_code_string(ret));
 	spi_end(&saved);
@@ -908,6 +910,13 @@ objects_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 		cache_commit_level(GetCurrentTransactionNestLevel());
 }
 
+/* True while the extension's own SQL writes its tables. */
+bool
+sh_own_write(void)
+{
+	return writing;
+}
+
 /*
  * SQL: BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE FOR EACH STATEMENT on
  * status_history.objects.  Statements other than this file's own (the
@@ -923,6 +932,67 @@ status_history_objects_guard(PG_FUNCTION_ARGS)
 				 errmsg("objects_guard: not called by trigger manager")));
 	if (!writing)
 		sh_objects_invalidate();
+	return PointerGetDatum(NULL);
+}
+
+/*
+ * SQL: BEFORE INSERT FOR EACH ROW on status_history.objects and floors.  A
+ * row the extension did not write is a restore (pg_restore, psql < dump) or
+ * an owner's import: merge it into what exists instead of failing on the
+ * key, keeping the higher fence or floor.  Restoring the history rebuilds
+ * each object's current report, before or after this, as a series of imports.
+ */
+Datum
+status_history_restore_merge(PG_FUNCTION_ARGS)
+{
+	static SPIPlanPtr plans[2] = {NULL, NULL};
+	static Oid	plan_types[2] = {InvalidOid, InvalidOid};
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+	Relation	rel;
+	bool		objects;
+	Datum		args[1];
+	Oid			types[1];
+	ShSavedUser saved;
+	SPIPlanPtr *plan;
+	int			ret;
+
+	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_BEFORE(trigdata->tg_event) ||
+		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) || !TRIGGER_FIRED_BY_INSERT(trigdata->tg_event))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("restore_merge: must be fired before insert for each row")));
+	if (writing)
+		return PointerGetDatum(trigdata->tg_trigtuple);
+
+	rel = trigdata->tg_relation;
+	objects = RelationGetRelid(rel) == sh_relation_oid("objects");
+	types[0] = rel->rd_rel->reltype;
+	args[0] = heap_copy_tuple_as_datum(trigdata->tg_trigtuple, RelationGetDescr(rel));
+	plan = &plans[objects ? 0 : 1];
+	SPI_connect();
+	sh_become_owner(RelationGetRelid(rel), &saved);
+	/* The row type is the plan's parameter: a recreated extension has a new one. */
+	if (*plan != NULL && plan_types[objects ? 0 : 1] != types[0])
+	{
+		SPI_freeplan(*plan);
+		*plan = NULL;
+	}
+	plan_types[objects ? 0 : 1] = types[0];
+	if (*plan == NULL)
+		*plan = sh_prepare_kept(objects ?
+								"INSERT INTO status_history.objects AS o SELECT ($1).*"
+								"    ON CONFLICT (object_id) DO UPDATE"
+								"   SET fence = pg_catalog.int8larger(o.fence, excluded.fence)" :
+								"INSERT INTO status_history.floors AS f SELECT ($1).*"
+								"    ON CONFLICT (replica_id) DO UPDATE"
+								"   SET generation = pg_catalog.int8larger(f.generation, excluded.generation)",
+								1, types);
+	ret = sh_execute_own(*plan, args, NULL);
+	if (ret != SPI_OK_INSERT)
+		elog(ERROR, "status_history: merging a restored row failed: %s", SPI_result_code_string(ret));
+	sh_restore_user(&saved);
+	SPI_finish();
+	/* Merged: the original row is not inserted. */
 	return PointerGetDatum(NULL);
 }
 

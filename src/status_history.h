@@ -58,6 +58,8 @@ extern void sh_objects_set_current(ShObjectState *state, TimestampTz stamp,
 extern void sh_objects_raise_fences(Datum *ids, int n, int64 fence);
 extern void sh_objects_mark_recompute(ShObjectState *state);
 extern void sh_objects_flush(void);
+extern int	sh_execute_own(SPIPlanPtr plan, Datum *args, const char *nulls);
+extern bool sh_own_write(void);
 extern void sh_objects_invalidate(void);
 
 /* fence.c */

@@ -32,7 +32,7 @@ SELECT is(
     'reported_at timestamp with time zone, stale boolean not null',
     'history columns in order, with types and NOT NULL');
 SELECT col_default_is('status_history', 'history', 'generation', '0', 'generation defaults to 0');
-SELECT col_default_is('status_history', 'history', 'stale', 'false', 'stale defaults to false');
+SELECT col_hasnt_default('status_history', 'history', 'stale', 'stale has no default: the insert trigger sets it');
 SELECT col_is_pk('status_history', 'history', 'occurred_at', 'stamps are unique');
 SELECT has_index('status_history', 'history', 'history_object_idx', ARRAY['object_id', 'occurred_at'],
                  'per-object index on the history');
@@ -70,8 +70,8 @@ SELECT is(
 SELECT is(
     (SELECT string_agg(format('%s=%s', tgname, tgenabled), ', ' ORDER BY tgname)
        FROM pg_trigger WHERE tgrelid = 'status_history.objects'::regclass),
-    'objects_guard=A',
-    'the guard on objects fires ALWAYS');
+    'objects_guard=A, objects_restore_merge=A',
+    'the guard and the restore merge on objects fire ALWAYS');
 SELECT has_function('status_history', 'report_many',
     ARRAY['text[]', 'text[]', 'text[]', 'jsonb[]', 'text[]', 'bigint[]', 'timestamp with time zone[]']);
 SELECT function_lang_is('status_history', 'reconnect', ARRAY['bigint', 'text', 'text[]'], 'c', 'reconnect() is C');
