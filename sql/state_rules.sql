@@ -78,6 +78,10 @@ VALUES ('d3a', 'dropped', '2026-01-01 00:00:00+00') ON CONFLICT DO NOTHING;
 SELECT object_id, status FROM status_history.statuses WHERE object_id = 'd3a';
 SELECT stale FROM status_history.report('d3a', 'stalled');
 INSERT INTO status_history.history (occurred_at, object_id, status)
+SELECT occurred_at, object_id, status FROM status_history.history WHERE object_id = 'd3a'
+ON CONFLICT DO NOTHING;
+-- (A different report at a taken stamp is refused before ON CONFLICT can skip it.)
+INSERT INTO status_history.history (occurred_at, object_id, status)
 SELECT occurred_at, object_id, 'dropped' FROM status_history.history WHERE object_id = 'd3a'
 ON CONFLICT DO NOTHING;
 SELECT object_id, status FROM status_history.statuses WHERE object_id = 'd3a';

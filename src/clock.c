@@ -407,6 +407,19 @@ sh_clock_observe(TimestampTz stamp)
 	}
 }
 
+/* The newest stamp handed out or observed (an import at or below it moves nothing). */
+TimestampTz
+sh_clock_last(void)
+{
+	ClockSlot  *slot = clock_ready();
+	TimestampTz last;
+
+	LWLockAcquire(&clock_shared->lock, LW_SHARED);
+	last = slot->last;
+	LWLockRelease(&clock_shared->lock);
+	return last;
+}
+
 /* SQL: status_history.monotonic_now() */
 Datum
 status_history_monotonic_now(PG_FUNCTION_ARGS)

@@ -15,6 +15,10 @@
 #include "postgres.h"
 
 #include "access/htup_details.h"
+#include "access/tableam.h"
+#include "access/relscan.h"
+#include "access/genam.h"
+#include "catalog/pg_collation.h"
 #include "catalog/pg_type.h"
 #include "commands/trigger.h"
 #include "executor/spi.h"
@@ -25,6 +29,10 @@
 #include "utils/acl.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/snapmgr.h"
+#include "utils/guc.h"
+#include "utils/fmgroids.h"
+#include "executor/tuptable.h"
 #include "utils/rel.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
@@ -183,9 +191,56 @@ validate_report(Datum *values, bool *nulls, const HistoryColumns *cols)
 				 errhint("Generations start at 0 and only grow.")));
 }
 
-/* Only the owner may supply occurred_at, and only a finite one. */
+/*
+ * status_history.max_import_lead, in milliseconds: how far ahead of the
+ * server clock an imported stamp may be (-1: no limit).  Every later stamp
+ * comes after an imported one, so one far in the future would freeze the
+ * clock there.
+ */
+static int	max_import_lead = 10000;
+
+/*
+ * A stamp already taken, committed or not, by a different report (another
+ * object or status).  The same report again (a re-import) is left to the
+ * primary key, so that ON CONFLICT DO NOTHING can skip it.
+ */
+static bool
+stamp_taken(Relation rel, TimestampTz stamp, Datum object_id, Datum status,
+			const HistoryColumns *cols)
+{
+	Relation	index = index_open(RelationGetPrimaryKeyIndex(rel), AccessShareLock);
+	SnapshotData dirty;
+	IndexScanDesc scan;
+	ScanKeyData key;
+	TupleTableSlot *slot = table_slot_create(rel, NULL);
+	bool		taken;
+
+	InitDirtySnapshot(dirty);
+	ScanKeyInit(&key, 1, BTEqualStrategyNumber, F_TIMESTAMP_EQ, TimestampTzGetDatum(stamp));
+	scan = index_beginscan(rel, index, &dirty, 1, 0);
+	index_rescan(scan, &key, 1, NULL, 0);
+	taken = false;
+	while (!taken && index_getnext_slot(scan, ForwardScanDirection, slot))
+	{
+		bool		isnull;
+		Datum		o = slot_getattr(slot, cols->object_id + 1, &isnull);
+		Datum		st = slot_getattr(slot, cols->status + 1, &isnull);
+
+		taken = !DatumGetBool(DirectFunctionCall2Coll(texteq, C_COLLATION_OID, o, object_id)) ||
+			!DatumGetBool(DirectFunctionCall2Coll(texteq, C_COLLATION_OID, st, status));
+	}
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	index_close(index, AccessShareLock);
+	return taken;
+}
+
+/*
+ * Only the owner may supply occurred_at: finite, not too far ahead of the
+ * server clock (unless the clock is already past it), not taken.
+ */
 static void
-check_imported_stamp(Relation rel, TimestampTz stamp)
+check_imported_stamp(Relation rel, TimestampTz stamp, Datum *values, const HistoryColumns *cols)
 {
 	if (!pg_class_ownercheck(RelationGetRelid(rel), GetUserId()))
 		ereport(ERROR,
@@ -198,6 +253,30 @@ check_imported_stamp(Relation rel, TimestampTz stamp)
 				(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
 				 errmsg("occurred_at must be finite"),
 				 errhint("Import the report with the time it actually occurred.")));
+	if (max_import_lead >= 0 &&
+		stamp > GetCurrentTimestamp() + (int64) max_import_lead * 1000 &&
+		stamp > sh_clock_last())
+		ereport(ERROR,
+				(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
+				 errmsg("occurred_at is more than %d ms ahead of the server clock", max_import_lead),
+				 errdetail("Every later stamp would come after it: the clock would stand still until then."),
+				 errhint("Fix the source's clock, or raise status_history.max_import_lead (-1: no limit) for this import.")));
+	if (stamp_taken(rel, stamp, values[cols->object_id], values[cols->status], cols))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNIQUE_VIOLATION),
+				 errmsg("occurred_at is already the stamp of another report"),
+				 errdetail("Stamps are unique: they order the reports of every object."),
+				 errhint("Spread equal stamps of an import apart by a microsecond each, in the order they should sort (README: Importing history).")));
+}
+
+void
+sh_history_init(void)
+{
+	DefineCustomIntVariable("status_history.max_import_lead",
+							"How far ahead of the server clock an imported occurred_at may be.",
+							"-1 allows any stamp; a stamp far ahead holds every later stamp back until then.",
+							&max_import_lead, 10000, -1, INT_MAX,
+							PGC_USERSET, GUC_UNIT_MS, NULL, NULL, NULL);
 }
 
 /* SQL: BEFORE INSERT FOR EACH ROW on status_history.history */
@@ -235,7 +314,7 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 	validate_report(values, nulls, &cols);
 	imported = !nulls[cols.occurred_at];
 	if (imported)
-		check_imported_stamp(rel, DatumGetTimestampTz(values[cols.occurred_at]));
+		check_imported_stamp(rel, DatumGetTimestampTz(values[cols.occurred_at]), values, &cols);
 	generation = DatumGetInt64(values[cols.generation]);
 	text_to_cstring_buffer(DatumGetTextPP(values[cols.status]), status, sizeof(status));
 	sh_fence_note_report();

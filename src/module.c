@@ -38,6 +38,7 @@ _PG_init(void)
 {
 	sh_clock_init();
 	sh_objects_init();
+	sh_history_init();
 	sh_fence_init();
 }
 

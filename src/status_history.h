@@ -40,6 +40,7 @@ extern int	sh_execute_latest(SPIPlanPtr plan, Datum *args, const char *nulls,
 extern void sh_clock_init(void);
 extern TimestampTz sh_clock_next(void);
 extern void sh_clock_observe(TimestampTz stamp);
+extern TimestampTz sh_clock_last(void);
 
 /* objects.c */
 typedef struct ShObjectState
@@ -61,6 +62,9 @@ extern void sh_objects_flush(void);
 extern int	sh_execute_own(SPIPlanPtr plan, Datum *args, const char *nulls);
 extern bool sh_own_write(void);
 extern void sh_objects_invalidate(void);
+
+/* history.c */
+extern void sh_history_init(void);
 
 /* fence.c */
 extern void sh_fence_init(void);
