@@ -212,7 +212,7 @@ clock_seed(ClockSlot *slot)
 	int			ret;
 
 	SPI_connect();
-	sh_become_owner(sh_relation_oid("history"), &saved);
+	sh_become_owner(sh_relation_oid("clock_bound"), &saved);
 	ret = SPI_execute("SELECT pg_catalog.max(h.occurred_at),"
 					  "       (SELECT b.last_value FROM status_history.clock_bound AS b)"
 					  "  FROM status_history.history AS h",

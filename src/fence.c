@@ -434,6 +434,28 @@ lock_scope(Datum *ids, int n)
 	}
 }
 
+/*
+ * Hand the rows of an "INSERT ... RETURNING h" (one whole-row column of the
+ * history's row type, dropped columns and all) to an SRF's tuplestore.
+ */
+static void
+put_returned_rows(ReturnSetInfo *rsinfo)
+{
+	for (uint64 i = 0; i < SPI_processed; i++)
+	{
+		bool		isnull;
+		HeapTupleHeader row = DatumGetHeapTupleHeader(SPI_getbinval(SPI_tuptable->vals[i],
+																	SPI_tuptable->tupdesc, 1, &isnull));
+		HeapTupleData tuple;
+
+		tuple.t_len = HeapTupleHeaderGetDatumLength(row);
+		ItemPointerSetInvalid(&tuple.t_self);
+		tuple.t_tableOid = InvalidOid;
+		tuple.t_data = row;
+		tuplestore_puttuple(rsinfo->setResult, &tuple);
+	}
+}
+
 /* Append the re-stamped copies and hand them to the caller's tuplestore. */
 static void
 append_copies(ReturnSetInfo *rsinfo, Datum *ids, int n, int64 generation,
@@ -483,7 +505,7 @@ append_copies(ReturnSetInfo *rsinfo, Datum *ids, int n, int64 generation,
 	ret = sh_execute_latest(replica_null ? current_plan : replica_plan, args, nulls, false, 0);
 	if (ret != SPI_OK_INSERT_RETURNING)
 		elog(ERROR, "status_history: re-stamping failed: %s", SPI_result_code_string(ret));
-	sh_put_returned_rows(rsinfo);
+	put_returned_rows(rsinfo);
 	SPI_finish();
 }
 

@@ -279,6 +279,41 @@ sh_history_init(void)
 							PGC_USERSET, GUC_UNIT_MS, NULL, NULL, NULL);
 }
 
+/*
+ * The rows report() and report_many() insert, as the insert trigger formed
+ * them: they return them without RETURNING, which would need SELECT on the
+ * history, a privilege a reporter does not need otherwise.
+ */
+static Tuplestorestate *capture = NULL;
+
+static void
+capture_row(HeapTuple tuple)
+{
+	if (capture != NULL)
+		tuplestore_puttuple(capture, tuple);
+}
+
+/* Run an INSERT of ours, collecting the rows it stores into store. */
+static void
+execute_capturing(SPIPlanPtr plan, Datum *args, const char *nulls, Tuplestorestate *store)
+{
+	Tuplestorestate *outer = capture;
+	int			ret;
+
+	capture = store;
+	PG_TRY();
+	{
+		ret = SPI_execute_plan(plan, args, nulls, false, 0);
+	}
+	PG_FINALLY();
+	{
+		capture = outer;
+	}
+	PG_END_TRY();
+	if (ret != SPI_OK_INSERT)
+		elog(ERROR, "status_history: inserting reports failed: %s", SPI_result_code_string(ret));
+}
+
 /* SQL: BEFORE INSERT FOR EACH ROW on status_history.history */
 Datum
 status_history_insert_trigger(PG_FUNCTION_ARGS)
@@ -352,7 +387,12 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 	nulls[cols.occurred_at] = false;
 	values[cols.stale] = BoolGetDatum(stale);
 	nulls[cols.stale] = false;
-	return PointerGetDatum(heap_form_tuple(desc, values, nulls));
+	{
+		HeapTuple	stored = heap_form_tuple(desc, values, nulls);
+
+		capture_row(stored);
+		return PointerGetDatum(stored);
+	}
 }
 
 /* SQL: AFTER INSERT FOR EACH STATEMENT: write the statement's state back */
@@ -412,8 +452,9 @@ status_history_report(PG_FUNCTION_ARGS)
 	Oid			types[7] = {TEXTOID, TEXTOID, TEXTOID, JSONBOID, TEXTOID, INT8OID, TIMESTAMPTZOID};
 	Datum		args[7];
 	char		nulls[7];
-	int			ret;
-	bool		isnull;
+	Tuplestorestate *store;
+	TupleDesc	desc;
+	TupleTableSlot *slot;
 	Datum		row;
 
 	for (int i = 0; i < 7; i++)
@@ -421,18 +462,22 @@ status_history_report(PG_FUNCTION_ARGS)
 		args[i] = PG_ARGISNULL(i) ? (Datum) 0 : PG_GETARG_DATUM(i);
 		nulls[i] = PG_ARGISNULL(i) ? 'n' : ' ';
 	}
+	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "status_history: report() must return the history's row type");
+	store = tuplestore_begin_heap(false, false, work_mem);
 	SPI_connect();
 	if (plan == NULL)
-		plan = sh_prepare_kept("INSERT INTO status_history.history AS h"
+		plan = sh_prepare_kept("INSERT INTO status_history.history"
 							   " (object_id, status, error, details, replica_id, generation, reported_at)"
-							   " VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING h",
+							   " VALUES ($1, $2, $3, $4, $5, $6, $7)",
 							   7, types);
-	ret = SPI_execute_plan(plan, args, nulls, false, 0);
-	if (ret != SPI_OK_INSERT_RETURNING || SPI_processed != 1)
-		elog(ERROR, "status_history: report failed: %s", SPI_result_code_string(ret));
-	row = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-	row = SPI_datumTransfer(row, false, -1);
+	execute_capturing(plan, args, nulls, store);
 	SPI_finish();
+	slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
+	if (!tuplestore_gettupleslot(store, true, false, slot))
+		elog(ERROR, "status_history: report() stored no row");
+	row = ExecFetchSlotHeapTupleDatum(slot);
+	tuplestore_end(store);
 	PG_RETURN_DATUM(row);
 }
 
@@ -475,7 +520,6 @@ status_history_report_many(PG_FUNCTION_ARGS)
 	int			n;
 	Datum		args[7];
 	char		nulls[7];
-	int			ret;
 
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
 		ereport(ERROR,
@@ -521,13 +565,9 @@ status_history_report_many(PG_FUNCTION_ARGS)
 							   "                   pg_catalog.unnest($7)) WITH ORDINALITY"
 							   "        AS u(o, s, e, d, r, g, t, n)"
 							   "  WHERE u.n OPERATOR(pg_catalog.<=) pg_catalog.cardinality($1)"
-							   "  ORDER BY u.n"
-							   " RETURNING h",
+							   "  ORDER BY u.n",
 							   7, types);
-	ret = SPI_execute_plan(plan, args, nulls, false, 0);
-	if (ret != SPI_OK_INSERT_RETURNING)
-		elog(ERROR, "status_history: report_many failed: %s", SPI_result_code_string(ret));
-	sh_put_returned_rows(rsinfo);
+	execute_capturing(plan, args, nulls, rsinfo->setResult);
 	SPI_finish();
 	return (Datum) 0;
 }

@@ -127,28 +127,6 @@ sh_execute_latest(SPIPlanPtr plan, Datum *args, const char *nulls,
 								InvalidSnapshot, read_only, true, count);
 }
 
-/*
- * Hand the rows of an "INSERT ... RETURNING h" (one whole-row column of the
- * history's row type, dropped columns and all) to an SRF's tuplestore.
- */
-void
-sh_put_returned_rows(ReturnSetInfo *rsinfo)
-{
-	for (uint64 i = 0; i < SPI_processed; i++)
-	{
-		bool		isnull;
-		HeapTupleHeader row = DatumGetHeapTupleHeader(SPI_getbinval(SPI_tuptable->vals[i],
-																	SPI_tuptable->tupdesc, 1, &isnull));
-		HeapTupleData tuple;
-
-		tuple.t_len = HeapTupleHeaderGetDatumLength(row);
-		ItemPointerSetInvalid(&tuple.t_self);
-		tuple.t_tableOid = InvalidOid;
-		tuple.t_data = row;
-		tuplestore_puttuple(rsinfo->setResult, &tuple);
-	}
-}
-
 /* Hash tables keyed by a text pointer (object and replica ids): hash ... */
 uint32
 sh_text_key_hash(const void *key, Size keysize)

@@ -30,7 +30,6 @@ extern Oid	sh_relation_oid_if_exists(const char *relname);
 extern void sh_become_owner(Oid relid, ShSavedUser *saved);
 extern void sh_restore_user(const ShSavedUser *saved);
 extern SPIPlanPtr sh_prepare_kept(const char *sql, int nargs, Oid *argtypes);
-extern void sh_put_returned_rows(ReturnSetInfo *rsinfo);
 extern uint32 sh_text_key_hash(const void *key, Size keysize);
 extern int	sh_text_key_match(const void *key1, const void *key2, Size keysize);
 extern int	sh_execute_latest(SPIPlanPtr plan, Datum *args, const char *nulls,

@@ -1,0 +1,100 @@
+-- pgTAP: the four roles of the README's "Roles" section, set up exactly as
+-- documented there, each checked for what it may do and what it may not
+-- (with the SQLSTATE).  Run by pg_prove as a superuser; SET ROLE acts as each.
+\set ON_ERROR_STOP 1
+\set QUIET 1
+\pset format unaligned
+\pset tuples_only true
+\pset pager off
+BEGIN;
+CREATE EXTENSION IF NOT EXISTS pgtap;
+CREATE EXTENSION status_history;
+SELECT plan(30);
+
+-- The recipe (README, "Roles").
+CREATE ROLE sh_reporter NOLOGIN;
+GRANT INSERT ON status_history.history TO sh_reporter;
+CREATE ROLE sh_controller NOLOGIN;
+GRANT sh_reporter TO sh_controller;
+GRANT EXECUTE ON FUNCTION status_history.reconnect(bigint, text, text[]) TO sh_controller;
+CREATE ROLE sh_reader NOLOGIN;
+CREATE ROLE sh_admin NOLOGIN;
+ALTER TABLE status_history.history OWNER TO sh_admin;
+-- Least privilege: only the reader role reads; PUBLIC no longer does.
+REVOKE SELECT ON status_history.history, status_history.objects, status_history.floors,
+                 status_history.statuses FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION status_history.latest(text[], boolean) FROM PUBLIC;
+GRANT SELECT ON status_history.history, status_history.objects, status_history.floors,
+                status_history.statuses TO sh_reader, sh_admin;
+GRANT EXECUTE ON FUNCTION status_history.latest(text[], boolean) TO sh_reader, sh_admin;
+
+CREATE TABLE unrelated (x int);
+INSERT INTO unrelated VALUES (1);
+
+-- The reporter: reports, and nothing else.
+SET ROLE sh_reporter;
+SELECT lives_ok($$SELECT status_history.report('r1', 'running', generation => 1)$$, 'reporter: report()');
+SELECT lives_ok($$INSERT INTO status_history.history (object_id, status) VALUES ('r2', 'starting')$$,
+                'reporter: INSERT');
+SELECT lives_ok($$SELECT status_history.report_many(ARRAY['r3', 'r1'], ARRAY['running', 'stalled'])$$,
+                'reporter: report_many()');
+SELECT throws_ok($$SELECT * FROM status_history.reconnect(5)$$, '42501', NULL, 'reporter: no reconnect()');
+SELECT throws_ok($$SELECT * FROM status_history.statuses$$, '42501', NULL, 'reporter: does not read statuses');
+SELECT throws_ok($$SELECT * FROM status_history.history$$, '42501', NULL, 'reporter: does not read the history');
+SELECT throws_ok($$SELECT * FROM unrelated$$, '42501', NULL, 'reporter: does not read other tables');
+SELECT throws_ok($$UPDATE status_history.objects SET fence = 99$$, '42501', NULL, 'reporter: does not move fences');
+SELECT throws_ok($$INSERT INTO status_history.floors VALUES (NULL, 99)$$, '42501', NULL, 'reporter: does not move floors');
+SELECT throws_ok($$SELECT pg_catalog.setval('status_history.clock_bound', 1)$$, '42501', NULL,
+                 'reporter: does not move the clock bound');
+SELECT throws_ok($$INSERT INTO status_history.history (occurred_at, object_id, status) VALUES (now(), 'r1', 'running')$$,
+                 '42501', 'only the owner of status_history.history may supply occurred_at', 'reporter: no imports');
+SELECT throws_ok($$DELETE FROM status_history.history$$, '42501', NULL, 'reporter: no DELETE');
+RESET ROLE;
+
+-- The controller: reports and reconnects.
+SET ROLE sh_controller;
+SELECT lives_ok($$SELECT * FROM status_history.reconnect(2, object_ids => ARRAY['r1', 'r2'])$$,
+                'controller: reconnect() with a list');
+SELECT lives_ok($$SELECT status_history.report('r1', 'paused', generation => 2)$$, 'controller: report()');
+SELECT throws_ok($$INSERT INTO status_history.history (occurred_at, object_id, status) VALUES (now(), 'r1', 'running')$$,
+                 '42501', 'only the owner of status_history.history may supply occurred_at', 'controller: no imports');
+SELECT throws_ok($$UPDATE status_history.objects SET fence = 0$$, '42501', NULL, 'controller: fences only through reconnect()');
+SELECT throws_ok($$SELECT * FROM status_history.statuses$$, '42501', NULL, 'controller: does not read statuses');
+RESET ROLE;
+-- (reconnect() without a list waits for running reporters; its own transaction here has reported.)
+SELECT is((SELECT fence FROM status_history.objects WHERE object_id = 'r1'), 2::bigint,
+          'the controller''s reconnect raised the fence');
+
+-- The reader: the views and history functions only.
+SET ROLE sh_reader;
+SELECT is((SELECT status FROM status_history.statuses WHERE object_id = 'r1'), 'paused', 'reader: statuses');
+SELECT is((SELECT count(*) FROM status_history.latest()), 3::bigint, 'reader: latest()');
+SELECT cmp_ok((SELECT count(*) FROM status_history.history), '>', 0::bigint, 'reader: the history');
+SELECT throws_ok($$SELECT status_history.report('r1', 'running')$$, '42501', NULL, 'reader: no reports');
+SELECT throws_ok($$INSERT INTO status_history.history (object_id, status) VALUES ('r1', 'running')$$,
+                 '42501', NULL, 'reader: no INSERT');
+SELECT throws_ok($$SELECT * FROM status_history.reconnect(9)$$, '42501', NULL, 'reader: no reconnect()');
+SELECT throws_ok($$SELECT * FROM unrelated$$, '42501', NULL, 'reader: does not read other tables');
+RESET ROLE;
+
+-- The admin: imports (owner of the history), and reads.
+SET ROLE sh_admin;
+SELECT lives_ok($$INSERT INTO status_history.history (occurred_at, object_id, status)
+                  VALUES ('2020-01-01 00:00:00+00', 'imported', 'running')$$, 'admin: imports a stamp');
+SELECT is((SELECT status FROM status_history.statuses WHERE object_id = 'imported'), 'running',
+          'admin: the import is current');
+SELECT throws_ok($$DELETE FROM status_history.history$$, '0A000', NULL,
+                 'admin: the history stays append-only for its owner too');
+SELECT throws_ok($$SELECT * FROM status_history.reconnect(9)$$, '42501', NULL, 'admin: no reconnect() unless granted');
+RESET ROLE;
+
+-- No function the extension ships is executable by PUBLIC unless meant to be.
+SELECT is(
+    (SELECT string_agg(p.proname, ', ' ORDER BY p.proname) FROM pg_proc p
+      WHERE p.pronamespace = 'status_history'::regnamespace
+        AND has_function_privilege('public', p.oid, 'EXECUTE')),
+    'monotonic_now, report, report_many',
+    'PUBLIC executes only monotonic_now(), report() and report_many() (the last two need INSERT)');
+
+SELECT * FROM finish();
+ROLLBACK;
