@@ -156,3 +156,8 @@ SELECT object_id, status, error, replica_id, generation
 SELECT * FROM status_history.report_many(ARRAY['x'], ARRAY['running', 'running']);
 SELECT * FROM status_history.report_many(NULL, ARRAY['running']);
 SELECT state_mismatches() AS at_end;
+
+DROP FUNCTION state_mismatches(), try_jsonb(text), nested_fail(text), limited_insert();
+DROP EXTENSION status_history;
+DROP EXTENSION plperl;
+DROP ROLE sh_reporter;
