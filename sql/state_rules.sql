@@ -85,6 +85,14 @@ INSERT INTO status_history.history (occurred_at, object_id, status)
 SELECT occurred_at, object_id, 'dropped' FROM status_history.history WHERE object_id = 'd3a'
 ON CONFLICT DO NOTHING;
 SELECT object_id, status FROM status_history.statuses WHERE object_id = 'd3a';
+-- A skipped row in the middle of an unbroken run: status_since stays put.
+INSERT INTO status_history.history (object_id, status, reported_at) VALUES ('d3c', 'running', '2026-01-01 00:00:02+00');
+INSERT INTO status_history.history (object_id, status) VALUES ('d3c', 'starting');
+CREATE TEMP TABLE d3c_since AS SELECT status_since FROM status_history.objects WHERE object_id = 'd3c';
+INSERT INTO status_history.history (object_id, status, reported_at)
+VALUES ('d3c', 'ceased', '2026-01-01 00:00:02+00'), ('d3c', 'starting', NULL) ON CONFLICT DO NOTHING;
+SELECT o.status, o.status_since = d.status_since AS since_unchanged
+  FROM status_history.objects o, d3c_since d WHERE o.object_id = 'd3c';
 DROP INDEX status_history.history_idempotency;
 SELECT state_mismatches() AS after_on_conflict;
 

@@ -139,12 +139,20 @@ typedef struct ObjectColumns
 	"       details = h.details, replica_id = h.replica_id, generation = h.generation," \
 	"       reported_at = h.reported_at, status_since = u.since"
 
+/* The reports made current since the last write-back are all in the history. */
+#define ALL_THERE \
+	"   AND (SELECT pg_catalog.count(*) FROM status_history.history AS c" \
+	"         WHERE c.object_id OPERATOR(pg_catalog.=) u.object_id AND NOT c.stale" \
+	"           AND c.occurred_at OPERATOR(pg_catalog.>=) u.first" \
+	"           AND c.occurred_at OPERATOR(pg_catalog.<=) u.stamp) OPERATOR(pg_catalog.=) u.n"
+
 static void
 prepare_plans(void)
 {
 	Oid			create_types[2] = {TEXTOID, INT8OID};
-	Oid			one_types[3] = {TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID};
-	Oid			many_types[3] = {TEXTARRAYOID, TIMESTAMPTZARRAYOID, TIMESTAMPTZARRAYOID};
+	Oid			one_types[5] = {TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT4OID};
+	Oid			many_types[5] = {TEXTARRAYOID, TIMESTAMPTZARRAYOID, TIMESTAMPTZARRAYOID,
+		TIMESTAMPTZARRAYOID, INT4ARRAYOID};
 	Oid			recompute_types[1] = {TEXTOID};
 
 	if (create_plan != NULL)
@@ -153,25 +161,33 @@ prepare_plans(void)
 								  "INSERT INTO status_history.objects AS o (object_id, fence) VALUES ($1, $2)"
 								  "    ON CONFLICT (object_id) DO NOTHING",
 								  2, create_types);
-	/* The report is copied from its history row: it must be there, non-stale. */
+	/*
+	 * The report is copied from its history row, which must be there,
+	 * non-stale; and every report made current since the last write-back
+	 * must be there too (one may have been skipped, e.g. by ON CONFLICT),
+	 * else status_since, derived from them, may be wrong.  We hold the
+	 * object's lock: nobody else adds rows to it meanwhile.
+	 */
 	write_one_plan = sh_prepare_kept(
 									 "UPDATE status_history.objects AS o" WRITE_SET
 									 "  FROM (SELECT $1::text AS object_id, $2::timestamptz AS stamp,"
-									 "               $3::timestamptz AS since) AS u"
+									 "               $3::timestamptz AS since, $4::timestamptz AS first,"
+									 "               $5::int4 AS n) AS u"
 									 "  JOIN status_history.history AS h"
 									 "    ON h.occurred_at OPERATOR(pg_catalog.=) u.stamp"
 									 "   AND h.object_id OPERATOR(pg_catalog.=) u.object_id AND NOT h.stale"
-									 " WHERE o.object_id OPERATOR(pg_catalog.=) u.object_id",
-									 3, one_types);
+									 " WHERE o.object_id OPERATOR(pg_catalog.=) u.object_id" ALL_THERE,
+									 5, one_types);
 	write_many_plan = sh_prepare_kept(
 									  "UPDATE status_history.objects AS o" WRITE_SET
 									  "  FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
-									  "                  pg_catalog.unnest($3)) AS u(object_id, stamp, since)"
+									  "                  pg_catalog.unnest($3), pg_catalog.unnest($4),"
+									  "                  pg_catalog.unnest($5)) AS u(object_id, stamp, since, first, n)"
 									  "  JOIN status_history.history AS h"
 									  "    ON h.occurred_at OPERATOR(pg_catalog.=) u.stamp"
 									  "   AND h.object_id OPERATOR(pg_catalog.=) u.object_id AND NOT h.stale"
-									  " WHERE o.object_id OPERATOR(pg_catalog.=) u.object_id",
-									  3, many_types);
+									  " WHERE o.object_id OPERATOR(pg_catalog.=) u.object_id" ALL_THERE,
+									  5, many_types);
 	/* Brute force over one object's history: the definition of its state. */
 	recompute_plan = sh_prepare_kept(
 									 "UPDATE status_history.objects AS o"
@@ -601,12 +617,14 @@ recompute(CachedObject *entry)
 static bool
 write_one(CachedObject *entry)
 {
-	Datum		args[3];
+	Datum		args[5];
 	int			ret;
 
 	args[0] = PointerGetDatum(entry->key);
 	args[1] = TimestampTzGetDatum(entry->state.current_at);
 	args[2] = TimestampTzGetDatum(entry->state.status_since);
+	args[3] = TimestampTzGetDatum(entry->state.pending_first);
+	args[4] = Int32GetDatum(entry->state.pending);
 	ret = sh_execute_own(write_one_plan, args, NULL);
 	if (ret != SPI_OK_UPDATE)
 		elog(ERROR, "status_history: writing back an object failed: %s",
@@ -619,7 +637,7 @@ static bool
 write_many(CachedObject **entries, int n)
 {
 	Datum	   *elems = palloc(n * sizeof(Datum));
-	Datum		args[3];
+	Datum		args[5];
 	int			ret;
 
 	for (int i = 0; i < n; i++)
@@ -631,12 +649,18 @@ write_many(CachedObject **entries, int n)
 	for (int i = 0; i < n; i++)
 		elems[i] = TimestampTzGetDatum(entries[i]->state.status_since);
 	args[2] = column_array(elems, n, TIMESTAMPTZOID);
+	for (int i = 0; i < n; i++)
+		elems[i] = TimestampTzGetDatum(entries[i]->state.pending_first);
+	args[3] = column_array(elems, n, TIMESTAMPTZOID);
+	for (int i = 0; i < n; i++)
+		elems[i] = Int32GetDatum(entries[i]->state.pending);
+	args[4] = column_array(elems, n, INT4OID);
 	ret = sh_execute_own(write_many_plan, args, NULL);
 	if (ret != SPI_OK_UPDATE)
 		elog(ERROR, "status_history: writing back %d objects failed: %s",
 			 n, SPI_result_code_string(ret));
 	pfree(elems);
-	for (int i = 0; i < 3; i++)
+	for (int i = 0; i < 5; i++)
 		pfree(DatumGetPointer(args[i]));
 	return SPI_processed == (uint64) n;
 }
@@ -654,6 +678,7 @@ write_batch(CachedObject **batch, int n)
 		{
 			recompute(batch[i]);
 			batch[i]->recompute = false;
+			batch[i]->state.pending = 0;
 		}
 		else
 			batch[plain++] = batch[i];
@@ -665,6 +690,8 @@ write_batch(CachedObject **batch, int n)
 			if (!write_one(batch[i]))
 				recompute(batch[i]);
 	}
+	for (int i = 0; i < plain; i++)
+		batch[i]->state.pending = 0;
 }
 
 /*
@@ -785,6 +812,8 @@ sh_objects_set_current(ShObjectState *state, TimestampTz stamp, const char *stat
 	bool		same = state->has_current && strcmp(state->status, status) == 0;
 
 	entry_save(entry);
+	if (state->pending++ == 0)
+		state->pending_first = stamp;
 	state->status_since = same ? state->status_since : stamp;
 	state->has_current = true;
 	state->current_at = stamp;

@@ -49,6 +49,9 @@ typedef struct ShObjectState
 	TimestampTz current_at;		/* its stamp */
 	TimestampTz status_since;
 	char		status[16];		/* its status; "" without one */
+	/* Reports made current since the last write-back, and the first's stamp. */
+	int32		pending;
+	TimestampTz pending_first;
 } ShObjectState;
 
 extern void sh_objects_init(void);
