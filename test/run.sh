@@ -19,7 +19,7 @@ echo "== pg_regress, isolation and pgTAP on a throw-away cluster"
 # Each suite writes its exit code to a file, so one failing does not hide the others.
 results=$(mktemp -d)
 chmod 777 "$results"
-pg_virtualenv -v 15 sh -c "
+pg_virtualenv -t -v 15 sh -c "
     make -s PG_CONFIG=$PG_CONFIG installcheck
     echo \$? > $results/regress
     [ -f regression.diffs ] && cat regression.diffs
