@@ -139,12 +139,16 @@ typedef struct ObjectColumns
 	"       details = h.details, replica_id = h.replica_id, generation = h.generation," \
 	"       reported_at = h.reported_at, status_since = u.since"
 
-/* The reports made current since the last write-back are all in the history. */
+/*
+ * The reports made current since the last write-back are all in the history
+ * (one report: the join on its stamp has shown it is).
+ */
 #define ALL_THERE \
-	"   AND (SELECT pg_catalog.count(*) FROM status_history.history AS c" \
+	"   AND (u.n OPERATOR(pg_catalog.=) 1 OR" \
+	"        (SELECT pg_catalog.count(*) FROM status_history.history AS c" \
 	"         WHERE c.object_id OPERATOR(pg_catalog.=) u.object_id AND NOT c.stale" \
 	"           AND c.occurred_at OPERATOR(pg_catalog.>=) u.first" \
-	"           AND c.occurred_at OPERATOR(pg_catalog.<=) u.stamp) OPERATOR(pg_catalog.=) u.n"
+	"           AND c.occurred_at OPERATOR(pg_catalog.<=) u.stamp) OPERATOR(pg_catalog.=) u.n)"
 
 static void
 prepare_plans(void)
