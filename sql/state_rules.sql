@@ -165,6 +165,52 @@ SELECT * FROM status_history.report_many(ARRAY['x'], ARRAY['running', 'running']
 SELECT * FROM status_history.report_many(NULL, ARRAY['running']);
 SELECT state_mismatches() AS at_end;
 
+-- From the hostile review: an owner's trigger, CHECK constraint or policy
+-- that runs a query after the extension's trigger, before the row is stored.
+CREATE TABLE replicas (id text PRIMARY KEY);
+INSERT INTO replicas VALUES ('r1');
+CREATE FUNCTION validate_replica() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM 1 FROM public.replicas WHERE id = NEW.replica_id; RETURN NEW; END $$;
+CREATE TRIGGER validate_replica BEFORE INSERT ON status_history.history
+    FOR EACH ROW EXECUTE FUNCTION validate_replica();
+SELECT status FROM status_history.report('v1', 'running', replica_id => 'r1', generation => 10);
+SELECT status FROM status_history.report('v1', 'stalled', replica_id => 'r1', generation => 10);
+INSERT INTO status_history.history (object_id, status, replica_id, generation) VALUES ('v2', 'running', 'r1', 10), ('v2', 'paused', 'r1', 10);
+DROP TRIGGER validate_replica ON status_history.history;
+CREATE FUNCTION known_replica(r text) RETURNS boolean LANGUAGE sql STABLE AS
+    $$ SELECT r IS NULL OR EXISTS (SELECT 1 FROM public.replicas WHERE id = r) $$;
+ALTER TABLE status_history.history ADD CONSTRAINT known_replica CHECK (known_replica(replica_id)) NOT VALID;
+SELECT status FROM status_history.report('v3', 'running', replica_id => 'r1', generation => 10);
+SELECT status FROM status_history.report('v3', 'stalled', replica_id => 'r1', generation => 10);
+ALTER TABLE status_history.history DROP CONSTRAINT known_replica;
+SELECT object_id, status FROM status_history.statuses WHERE object_id IN ('v1', 'v2', 'v3') ORDER BY 1;
+SELECT state_mismatches() AS after_owner_checks;
+
+-- A dropped report skipped by ON CONFLICT does not make the next row stale;
+-- a dropped report imported before the current one is stale.
+CREATE UNIQUE INDEX history_idempotency ON status_history.history (object_id, reported_at);
+INSERT INTO status_history.history (object_id, status, reported_at, generation) VALUES ('c1', 'running', '2026-01-01 00:00:00+00', 10);
+INSERT INTO status_history.history (object_id, status, reported_at, generation)
+VALUES ('c1', 'dropped', '2026-01-01 00:00:00+00', 10), ('c1', 'stalled', '2026-01-02 00:00:00+00', 10) ON CONFLICT DO NOTHING;
+INSERT INTO status_history.history (occurred_at, object_id, status, generation) VALUES ('2020-06-01 00:00:00+00', 'c1', 'dropped', 10);
+SELECT status, stale FROM status_history.history WHERE object_id = 'c1' ORDER BY occurred_at;
+DROP INDEX status_history.history_idempotency;
+SELECT state_mismatches() AS after_skipped_drop;
+
+-- DROP and CREATE EXTENSION inside one transaction: nothing cached survives.
+SELECT count(*) FROM status_history.reconnect(70, NULL, ARRAY['dc']);
+BEGIN;
+SELECT stale FROM status_history.report('dc', 'running', generation => 70);
+DROP EXTENSION status_history CASCADE;
+CREATE EXTENSION status_history;
+SELECT stale FROM status_history.report('dc', 'running', generation => 1);
+SELECT stale FROM status_history.report('dc', 'stalled', generation => 1);
+COMMIT;
+SELECT object_id, status, fence FROM status_history.statuses;
+SELECT state_mismatches() AS after_recreate;
+
+DROP TABLE replicas;
+DROP FUNCTION validate_replica(), known_replica(text);
 DROP FUNCTION state_mismatches(), try_jsonb(text), nested_fail(text), limited_insert();
 DROP EXTENSION status_history;
 DROP EXTENSION plperl;

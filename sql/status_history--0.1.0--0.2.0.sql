@@ -40,7 +40,7 @@ AS 'MODULE_PATHNAME', 'status_history_objects_guard'
 LANGUAGE C
 SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION status_history.objects_guard() IS
-    'Before any statement on status_history.objects not issued by the extension itself, writes back and forgets the cached per-object state.';
+    'Before any statement on status_history.objects or floors not issued by the extension itself, writes back and forgets the cached per-object state and floors.';
 REVOKE ALL ON FUNCTION status_history.objects_guard() FROM PUBLIC;
 CREATE TRIGGER objects_guard
     BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON status_history.objects
@@ -101,3 +101,7 @@ CREATE TRIGGER floors_restore_merge
     BEFORE INSERT ON status_history.floors
     FOR EACH ROW EXECUTE FUNCTION status_history.restore_merge();
 ALTER TABLE status_history.floors ENABLE ALWAYS TRIGGER floors_restore_merge;
+CREATE TRIGGER floors_guard
+    BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON status_history.floors
+    FOR EACH STATEMENT EXECUTE FUNCTION status_history.objects_guard();
+ALTER TABLE status_history.floors ENABLE ALWAYS TRIGGER floors_guard;

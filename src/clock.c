@@ -21,6 +21,7 @@
 #include "access/relation.h"
 #include "access/xact.h"
 #include "access/xlog.h"
+#include "replication/syncrep.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "miscadmin.h"
@@ -331,8 +332,14 @@ clock_raise_bound(ClockSlot *slot, TimestampTz target)
 			sh_become_owner(seqid, &saved);
 			DirectFunctionCall2(setval_oid, ObjectIdGetDatum(seqid), Int64GetDatum(target));
 			sh_restore_user(&saved);
-			/* Durable before any stamp below it is handed out. */
+			/*
+			 * Durable before any stamp below it is handed out, and on the
+			 * synchronous standbys too: a stamp returned by a transaction
+			 * that commits nothing must not be handed out again after a
+			 * failover.  (A no-op without synchronous replication.)
+			 */
 			XLogFlush(XactLastRecEnd);
+			SyncRepWaitForLSN(XactLastRecEnd, false);
 
 			LWLockAcquire(&clock_shared->lock, LW_EXCLUSIVE);
 			slot->bound = Max(slot->bound, target);

@@ -54,6 +54,7 @@
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/guc.h"
+#include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
@@ -78,16 +79,24 @@ typedef struct ReplicaFloor
 	int64		floor;
 } ReplicaFloor;
 
+static void forget_floors(void);
+
 static bool floors_read = false;
-static int64 floor_all = 0;
+static Oid	floors_relid = InvalidOid;	/* the floors table they were read from */
+static bool floors_recheck = false;	/* it may have been dropped meanwhile */
+static int64 floor_all = 0;			/* counting floors being raised */
+static int64 floor_all_committed = 0;	/* without them: for new objects' fence */
 static MemoryContext floors_context = NULL;	/* child of TopTransactionContext */
 static HTAB *replica_floors = NULL;
 
 /* ---- floors, as reporters see them ---- */
 
-/* The highest generation of any version of the floor row, committed or not. */
+/*
+ * The highest generation of any version of the floor row, committed or not;
+ * *committed (if not NULL) gets the highest committed (or our own) one.
+ */
 static int64
-read_floor(Datum replica_id, bool replica_null)
+read_floor(Datum replica_id, bool replica_null, int64 *committed)
 {
 	Oid			relid = sh_relation_oid_if_exists("floors");
 	Relation	rel;
@@ -117,13 +126,19 @@ read_floor(Datum replica_id, bool replica_null)
 	}
 	scan = index_beginscan(rel, index, &dirty, 1, 0);
 	index_rescan(scan, &key, 1, NULL, 0);
+	if (committed != NULL)
+		*committed = 0;
 	while (index_getnext_slot(scan, ForwardScanDirection, slot))
 	{
 		bool		isnull;
 		Datum		d = slot_getattr(slot, genatt, &isnull);
 
-		if (!isnull)
-			floor = Max(floor, DatumGetInt64(d));
+		if (isnull)
+			continue;
+		floor = Max(floor, DatumGetInt64(d));
+		/* The dirty snapshot names the inserter of a version still in progress. */
+		if (committed != NULL && !TransactionIdIsValid(dirty.xmin))
+			*committed = Max(*committed, DatumGetInt64(d));
 	}
 	index_endscan(scan);
 	ExecDropSingleTupleTableSlot(slot);
@@ -146,11 +161,20 @@ sh_fence_floor(Datum replica_id, bool replica_null)
 	ReplicaFloor *entry;
 	bool		found;
 
+	if (floors_read && floors_recheck)
+	{
+		/* DROP and CREATE EXTENSION in this transaction: other floors. */
+		floors_recheck = false;
+		if (sh_relation_oid_if_exists("floors") != floors_relid)
+			forget_floors();
+	}
 	if (!floors_read)
 	{
 		HASHCTL		ctl;
 
-		floor_all = read_floor((Datum) 0, true);
+		floors_relid = sh_relation_oid_if_exists("floors");
+
+		floor_all = read_floor((Datum) 0, true, &floor_all_committed);
 		floors_context = AllocSetContextCreate(TopTransactionContext,
 											   "status_history floors",
 											   ALLOCSET_SMALL_SIZES);
@@ -169,7 +193,7 @@ sh_fence_floor(Datum replica_id, bool replica_null)
 	entry = hash_search(replica_floors, &key, HASH_FIND, NULL);
 	if (entry == NULL)
 	{
-		int64		floor = read_floor(replica_id, false);
+		int64		floor = read_floor(replica_id, false, NULL);
 
 		key = (text *) MemoryContextAlloc(floors_context, VARSIZE_ANY(key));
 		memcpy(key, DatumGetTextPP(replica_id), VARSIZE_ANY(DatumGetTextPP(replica_id)));
@@ -178,6 +202,25 @@ sh_fence_floor(Datum replica_id, bool replica_null)
 		entry->floor = floor;
 	}
 	return Max(floor_all, entry->floor);
+}
+
+/*
+ * The fence a new object's row starts with: the committed database-wide
+ * floor.  A floor still being raised makes reports stale, but must not stay
+ * in a row if the reconnect() raising it fails or rolls back.
+ */
+int64
+sh_fence_new_object(void)
+{
+	(void) sh_fence_floor((Datum) 0, true);
+	return floor_all_committed;
+}
+
+/* Someone else's SQL changed the floors: read them again. */
+void
+sh_fence_forget_floors(void)
+{
+	forget_floors();
 }
 
 /* Forget the floors read: a reconnect() raised one, or rolled one back. */
@@ -219,6 +262,31 @@ refuse_fenced(int64 generation, int64 fence, const char *what)
 }
 
 /*
+ * Refuse before raising the database-wide floor when an object's fence is
+ * higher already: the scope locked later would refuse anyway, but meanwhile
+ * reports would count the floor being raised (inside spi, as the owner).
+ */
+static void
+refuse_fenced_objects(int64 generation)
+{
+	static SPIPlanPtr plan = NULL;
+	Oid			types[1] = {INT8OID};
+	Datum		args[1] = {Int64GetDatum(generation)};
+	bool		isnull;
+
+	if (plan == NULL)
+		plan = sh_prepare_kept("SELECT o.object_id, o.fence FROM status_history.objects AS o"
+							   " WHERE o.fence OPERATOR(pg_catalog.>) $1"
+							   " ORDER BY o.fence DESC LIMIT 1", 1, types);
+	if (sh_execute_latest(plan, args, NULL, true, 1) == SPI_OK_SELECT && SPI_processed == 1)
+		refuse_fenced(generation,
+					  DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull)),
+					  psprintf("object \"%s\"",
+							   TextDatumGetCString(SPI_getbinval(SPI_tuptable->vals[0],
+																 SPI_tuptable->tupdesc, 1, &isnull))));
+}
+
+/*
  * Raise the database-wide floor (replica NULL) or a replica's, then wait for
  * every transaction that may have read the old one.  No-list reconnects take
  * the database-wide row first, so they queue there holding nothing another
@@ -241,10 +309,17 @@ raise_floor(int64 generation, Datum replica_id, bool replica_null)
 
 	SPI_connect();
 	sh_become_owner(relid, &saved);
+	/*
+	 * Only the row lock may be taken before waiting for another reconnect:
+	 * preparing (or running) the UPDATE takes ROW EXCLUSIVE on floors, which
+	 * that reconnect's WaitForLockers would wait for in turn.
+	 */
 	if (lock_all == NULL)
-	{
 		lock_all = sh_prepare_kept("SELECT f.generation FROM status_history.floors AS f"
 								   " WHERE f.replica_id IS NULL FOR UPDATE", 0, NULL);
+	ret = sh_execute_latest(lock_all, NULL, NULL, false, 0);
+	if (raise_all == NULL)
+	{
 		raise_all = sh_prepare_kept("UPDATE status_history.floors AS f SET generation = $1"
 									" WHERE f.replica_id IS NULL"
 									"   AND f.generation OPERATOR(pg_catalog.<) $1", 1, types);
@@ -255,7 +330,6 @@ raise_floor(int64 generation, Datum replica_id, bool replica_null)
 									" SET generation = pg_catalog.int8larger(f.generation, $1)",
 									2, types);
 	}
-	ret = sh_execute_latest(lock_all, NULL, NULL, false, 0);
 	if (ret != SPI_OK_SELECT || SPI_processed != 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_DATA_CORRUPTED),
@@ -268,6 +342,7 @@ raise_floor(int64 generation, Datum replica_id, bool replica_null)
 
 		if (current > generation)
 			refuse_fenced(generation, current, "every object (database-wide)");
+		refuse_fenced_objects(generation);
 		ret = sh_execute_own(raise_all, args, NULL);
 	}
 	else
@@ -369,17 +444,25 @@ wait_for_object(Datum object_id)
 
 	BeginInternalSubTransaction(NULL);
 	MemoryContextSwitchTo(cxt);
-	sh_objects_lock(object_id, sh_fence_floor((Datum) 0, true));
+	sh_objects_lock(object_id, sh_fence_new_object());
 	RollbackAndReleaseCurrentSubTransaction();
 	MemoryContextSwitchTo(cxt);
 	CurrentResourceOwner = owner;
 }
 
+static void
+set_lock_timeout(int ms)
+{
+	(void) set_config_option("lock_timeout", psprintf("%d", ms),
+							 PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
+}
+
 /*
  * Lock every object in ids (sorted), creating missing ones.  One attempt runs
- * in a subtransaction with a short lock_timeout; when it times out on an
- * object, everything it locked is released, the holder of that object is
- * waited for without holding anything, and the attempt starts over.
+ * in a subtransaction whose lock waits may add up to reconnect_lock_timeout
+ * (lock_timeout shrinks as it is spent); when a wait times out, everything
+ * the attempt locked is released, the holder of that object is waited for
+ * without holding anything, and the attempt starts over.
  */
 static void
 lock_scope(Datum *ids, int n)
@@ -399,13 +482,30 @@ lock_scope(Datum *ids, int n)
 		PG_TRY();
 		{
 			int			nest = NewGUCNestLevel();
+			int64		waited = 0;	/* microseconds spent waiting, this attempt */
+			int			timeout = reconnect_lock_timeout;
 
 			if (back_off)
-				(void) set_config_option("lock_timeout", psprintf("%d", reconnect_lock_timeout),
-										 PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE,
-										 true, 0, false);
+				set_lock_timeout(timeout);
 			for (at = 0; at < n; at++)
-				sh_objects_lock(ids[at], sh_fence_floor((Datum) 0, true));
+			{
+				TimestampTz start = back_off ? GetCurrentTimestamp() : 0;
+
+				sh_objects_lock(ids[at], sh_fence_new_object());
+				if (back_off)
+				{
+					int64		took = GetCurrentTimestamp() - start;
+
+					/* The budget is for waiting while holding the rest: spend it. */
+					if (took > 1000)
+						waited += took;
+					if (reconnect_lock_timeout - waited / 1000 < timeout / 2)
+					{
+						timeout = Max(1, reconnect_lock_timeout - (int) (waited / 1000));
+						set_lock_timeout(timeout);
+					}
+				}
+			}
 			AtEOXact_GUC(true, nest);
 			ReleaseCurrentSubTransaction();
 			MemoryContextSwitchTo(cxt);
@@ -585,7 +685,7 @@ status_history_reconnect(PG_FUNCTION_ARGS)
 	check_reconnect_args(fcinfo);
 	generation = PG_GETARG_INT64(0);
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
-	sh_objects_flush();
+	sh_objects_flush(false);
 
 	PG_TRY();
 	{
@@ -644,9 +744,17 @@ fence_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 		forget_floors();
 }
 
+static void
+fence_relcache_callback(Datum arg, Oid relid)
+{
+	if (relid == InvalidOid || relid == floors_relid)
+		floors_recheck = true;
+}
+
 void
 sh_fence_init(void)
 {
+	CacheRegisterRelcacheCallback(fence_relcache_callback, (Datum) 0);
 	DefineCustomIntVariable("status_history.reconnect_lock_timeout",
 							"How long reconnect() waits for one object while holding the others it locked.",
 							"Past it, reconnect() releases its locks, waits for that object without holding anything, and starts over. 0 waits indefinitely.",

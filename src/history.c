@@ -354,10 +354,12 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 	text_to_cstring_buffer(DatumGetTextPP(values[cols.status]), status, sizeof(status));
 	sh_fence_note_report();
 
+	/* The previous row is settled now (inserted or skipped). */
+	sh_objects_row_begin(values[cols.object_id]);
 	/* Floors first: they may make a first report stale before its row exists. */
 	floor = sh_fence_floor(values[cols.replica_id], nulls[cols.replica_id]);
 	/* Lock first, then stamp: stamp order is commit order per object. */
-	state = sh_objects_lock(values[cols.object_id], sh_fence_floor((Datum) 0, true));
+	state = sh_objects_lock(values[cols.object_id], sh_fence_new_object());
 	if (imported)
 	{
 		stamp = DatumGetTimestampTz(values[cols.occurred_at]);
@@ -372,7 +374,10 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 	else
 		stale = (!nulls[cols.stale] && DatumGetBool(values[cols.stale])) ||
 			generation < state->fence || generation < floor ||
-			(state->has_current && strcmp(state->status, "dropped") == 0);
+			(state->has_current && strcmp(state->status, "dropped") == 0) ||
+		/* dropped is terminal: not before reports already recorded after it */
+			(state->has_current && stamp < state->current_at &&
+			 strcmp(status, "dropped") == 0);
 
 	if (!stale)
 	{
@@ -380,7 +385,7 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 			sh_objects_set_current(state, stamp, status);
 		else
 			/* An import into the past may break the current run of a status. */
-			sh_objects_mark_recompute(state);
+			sh_objects_mark_recompute(state, stamp);
 	}
 
 	values[cols.occurred_at] = TimestampTzGetDatum(stamp);
@@ -412,7 +417,7 @@ status_history_statement_trigger(PG_FUNCTION_ARGS)
 				 errmsg("history_statement_trigger: must be fired for each statement on insert")));
 
 	if (TRIGGER_FIRED_AFTER(trigdata->tg_event))
-		sh_objects_flush();
+		sh_objects_flush(true);
 	return PointerGetDatum(NULL);
 }
 
@@ -541,6 +546,10 @@ status_history_report_many(PG_FUNCTION_ARGS)
 
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
 
+	/* The INSERT would check this; checked first, no lock is taken without it. */
+	if (pg_class_aclcheck(sh_relation_oid("history"), GetUserId(), ACL_INSERT) != ACLCHECK_OK)
+		aclcheck_error(ACLCHECK_NO_PRIV, OBJECT_TABLE, "history");
+
 	/* Lock in a fixed order first; NULL ids are refused by the insert itself. */
 	{
 		int			m = 0;
@@ -551,7 +560,7 @@ status_history_report_many(PG_FUNCTION_ARGS)
 		m = sh_sort_ids(elems, m);
 		sh_fence_note_report();
 		for (int i = 0; i < m; i++)
-			sh_objects_lock(elems[i], sh_fence_floor((Datum) 0, true));
+			sh_objects_lock(elems[i], sh_fence_new_object());
 	}
 
 	SPI_connect();

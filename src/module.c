@@ -15,6 +15,7 @@
 #include "access/htup_details.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
+#include "utils/guc.h"
 #include "common/hashfn.h"
 #include "fmgr.h"
 #include "miscadmin.h"
@@ -79,22 +80,38 @@ relation_owner(Oid relid)
 	return owner;
 }
 
-/* Run as the owner of relid until sh_restore_user; errors restore it too. */
+/*
+ * Run as the owner of relid until sh_restore_user; errors restore it too.
+ * This is also called where no function pinned search_path (write-back from
+ * the executor and commit hooks, in the caller's session): pin it here, or
+ * a caller's pg_temp.text could stand in for a type of our statements and
+ * run its code as the owner.  The restricted-operation flag keeps anything
+ * that does run as the owner from changing the session (as VACUUM does).
+ */
 void
 sh_become_owner(Oid relid, ShSavedUser *saved)
 {
 	Oid			owner = relation_owner(relid);
 
 	GetUserIdAndSecContext(&saved->userid, &saved->sec_context);
+	saved->guc_nest = -1;
+	if (namespace_search_path == NULL || strcmp(namespace_search_path, SH_SEARCH_PATH) != 0)
+	{
+		saved->guc_nest = NewGUCNestLevel();
+		(void) set_config_option("search_path", SH_SEARCH_PATH, PGC_USERSET, PGC_S_SESSION,
+								 GUC_ACTION_SAVE, true, 0, false);
+	}
 	SetUserIdAndSecContext(owner,
 						   saved->sec_context | SECURITY_LOCAL_USERID_CHANGE |
-						   SECURITY_NOFORCE_RLS);
+						   SECURITY_RESTRICTED_OPERATION | SECURITY_NOFORCE_RLS);
 }
 
 void
 sh_restore_user(const ShSavedUser *saved)
 {
 	SetUserIdAndSecContext(saved->userid, saved->sec_context);
+	if (saved->guc_nest >= 0)
+		AtEOXact_GUC(true, saved->guc_nest);
 }
 
 /* Prepare a statement once for the life of the backend; inside SPI. */

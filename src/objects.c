@@ -57,6 +57,7 @@
 #include "lib/ilist.h"
 #include "miscadmin.h"
 #include "storage/bufmgr.h"
+#include "storage/lmgr.h"
 #include "tcop/utility.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
@@ -64,6 +65,8 @@
 #include "utils/fmgroids.h"
 #include "utils/guc.h"
 #include "utils/hsearch.h"
+#include "utils/inval.h"
+#include "parser/parsetree.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
@@ -114,6 +117,17 @@ static dlist_head dirty_list;
 static dlist_head nested_list;
 static int	dirty_count = 0;
 static bool writing = false;	/* our own SQL on objects is running */
+static Oid	cache_relid = InvalidOid;	/* the objects table the cache describes */
+static bool cache_recheck = false;	/* that table may have been dropped */
+
+/*
+ * The entry the last report was applied to: its row may be "in flight",
+ * neither inserted nor skipped yet (later BEFORE triggers, CHECK constraints
+ * and row security run queries in between).  A write-back from inside that
+ * window must not conclude the row is missing.
+ */
+static CachedObject *inflight = NULL;
+static TimestampTz inflight_stamp;	/* the stamp of that row */
 
 static SPIPlanPtr create_plan = NULL;
 static SPIPlanPtr write_one_plan = NULL;
@@ -174,9 +188,9 @@ prepare_plans(void)
 	 */
 	write_one_plan = sh_prepare_kept(
 									 "UPDATE status_history.objects AS o" WRITE_SET
-									 "  FROM (SELECT $1::text AS object_id, $2::timestamptz AS stamp,"
-									 "               $3::timestamptz AS since, $4::timestamptz AS first,"
-									 "               $5::int4 AS n) AS u"
+									 "  FROM (SELECT $1::pg_catalog.text AS object_id, $2::pg_catalog.timestamptz AS stamp,"
+									 "               $3::pg_catalog.timestamptz AS since, $4::pg_catalog.timestamptz AS first,"
+									 "               $5::pg_catalog.int4 AS n) AS u"
 									 "  JOIN status_history.history AS h"
 									 "    ON h.occurred_at OPERATOR(pg_catalog.=) u.stamp"
 									 "   AND h.object_id OPERATOR(pg_catalog.=) u.object_id AND NOT h.stale"
@@ -404,6 +418,40 @@ cache_create(void)
 	dlist_init(&dirty_list);
 	dlist_init(&nested_list);
 	dirty_count = 0;
+	inflight = NULL;
+	cache_relid = sh_relation_oid("objects");
+	cache_recheck = false;
+}
+
+/* Forget everything without writing: the table it describes is gone. */
+static void
+cache_discard(void)
+{
+	if (cache_context != NULL)
+		MemoryContextDelete(cache_context);
+	cache_context = NULL;
+	cache = NULL;
+	dirty_count = 0;
+	inflight = NULL;
+}
+
+/* DROP and CREATE EXTENSION in one transaction: a new objects table. */
+static void
+cache_check_table(void)
+{
+	if (cache != NULL && cache_recheck)
+	{
+		cache_recheck = false;
+		if (sh_relation_oid_if_exists("objects") != cache_relid)
+			cache_discard();
+	}
+}
+
+static void
+objects_relcache_callback(Datum arg, Oid relid)
+{
+	if (relid == InvalidOid || relid == cache_relid)
+		cache_recheck = true;
 }
 
 static CachedObject *
@@ -470,6 +518,8 @@ entry_remove(CachedObject *entry)
 {
 	text	   *key = entry->key;
 
+	if (inflight == entry)
+		inflight = NULL;
 	set_dirty(entry, false);
 	if (entry->in_nested)
 		dlist_delete(&entry->nested_node);
@@ -617,6 +667,30 @@ recompute(CachedObject *entry)
 	entry->state.status_since = isnull ? entry->state.current_at : DatumGetTimestampTz(d);
 }
 
+/* Is a row with this stamp in the history (ours included, in flight excluded)? */
+static bool
+stamp_stored(TimestampTz stamp)
+{
+	Relation	rel = table_open(sh_relation_oid("history"), AccessShareLock);
+	Relation	index = index_open(RelationGetPrimaryKeyIndex(rel), AccessShareLock);
+	SnapshotData dirty;
+	IndexScanDesc scan;
+	ScanKeyData key;
+	TupleTableSlot *slot = table_slot_create(rel, NULL);
+	bool		found;
+
+	InitDirtySnapshot(dirty);
+	ScanKeyInit(&key, 1, BTEqualStrategyNumber, F_TIMESTAMP_EQ, TimestampTzGetDatum(stamp));
+	scan = index_beginscan(rel, index, &dirty, 1, 0);
+	index_rescan(scan, &key, 1, NULL, 0);
+	found = index_getnext_slot(scan, ForwardScanDirection, slot);
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	index_close(index, AccessShareLock);
+	table_close(rel, AccessShareLock);
+	return found;
+}
+
 /* Write one entry; false when its report is not in the history as expected. */
 static bool
 write_one(CachedObject *entry)
@@ -704,14 +778,29 @@ write_batch(CachedObject **batch, int n)
  * current subtransaction: the undo images make an abort of it re-dirty them.
  */
 void
-sh_objects_flush(void)
+sh_objects_flush(bool closing)
 {
 	CachedObject **batch;
+	CachedObject *held = NULL;
 	ShSavedUser saved;
 	int			n = 0;
 
+	cache_check_table();
+	if (closing)
+		inflight = NULL;
 	if (cache == NULL || dirty_count == 0 || writing)
 		return;
+	if (inflight != NULL && inflight->dirty && !stamp_stored(inflight_stamp))
+	{
+		/* Its row is not in the table yet: leave it for a closing write-back. */
+		held = inflight;
+		set_dirty(held, false);
+		if (dirty_count == 0)
+		{
+			set_dirty(held, true);
+			return;
+		}
+	}
 	batch = palloc(Min(dirty_count, FLUSH_CHUNK) * sizeof(CachedObject *));
 	spi_begin(&saved);
 	while (!dlist_is_empty(&dirty_list))
@@ -732,6 +821,10 @@ sh_objects_flush(void)
 		write_batch(batch, n);
 	spi_end(&saved);
 	pfree(batch);
+	if (held != NULL)
+		set_dirty(held, true);
+	else
+		inflight = NULL;		/* its row was there: settled */
 }
 
 /* Write back and forget every entry's state: SQL is about to change rows. */
@@ -743,11 +836,12 @@ sh_objects_invalidate(void)
 
 	if (cache == NULL)
 		return;
-	sh_objects_flush();
+	sh_objects_flush(false);
 	hash_seq_init(&seq, cache);
 	while ((entry = hash_seq_search(&seq)) != NULL)
 	{
-		if (!entry->valid)
+		/* (Only a row in flight is still dirty: it stays ours.) */
+		if (!entry->valid || entry->dirty)
 			continue;
 		entry_save(entry);
 		entry->valid = false;
@@ -767,13 +861,14 @@ sh_objects_lock(Datum object_id, int64 new_fence)
 	text	   *key = DatumGetTextPP(object_id);
 	bool		found;
 
+	cache_check_table();
 	if (cache == NULL)
 		cache_create();
 	entry = hash_search(cache, &key, HASH_FIND, NULL);
 	if (entry == NULL && hash_get_num_entries(cache) >= cache_max_objects)
 	{
 		/* Full: make room.  No caller holds a state pointer across this call. */
-		sh_objects_flush();
+		sh_objects_flush(false);
 		cache_shrink();
 	}
 	if (entry == NULL)
@@ -823,6 +918,8 @@ sh_objects_set_current(ShObjectState *state, TimestampTz stamp, const char *stat
 	state->current_at = stamp;
 	strlcpy(state->status, status, sizeof(state->status));
 	set_dirty(entry, true);
+	inflight = entry;
+	inflight_stamp = stamp;
 }
 
 /*
@@ -869,18 +966,68 @@ sh_objects_raise_fences(Datum *ids, int n, int64 fence)
 
 /* A non-stale row older than the current one arrived: rederive the state. */
 void
-sh_objects_mark_recompute(ShObjectState *state)
+sh_objects_mark_recompute(ShObjectState *state, TimestampTz stamp)
 {
 	CachedObject *entry = entry_of(state);
 
 	entry_save(entry);
 	entry->recompute = true;
 	set_dirty(entry, true);
+	inflight = entry;
+	inflight_stamp = stamp;
+}
+
+/*
+ * A new row is about to be processed: the previous one has been inserted or
+ * skipped by now.  When it was this object's and was skipped (ON CONFLICT DO
+ * NOTHING, a later trigger), the state it left (e.g. dropped) must not decide
+ * this row: write the entry back now, which recomputes it from the history.
+ */
+void
+sh_objects_row_begin(Datum object_id)
+{
+	CachedObject *entry = inflight;
+	text	   *key;
+	ShSavedUser saved;
+
+	inflight = NULL;
+	cache_check_table();
+	if (entry == NULL || cache == NULL || !entry->dirty)
+		return;
+	key = DatumGetTextPP(object_id);
+	if (sh_text_key_match(&key, &entry->key, 0) != 0 || stamp_stored(inflight_stamp))
+		return;
+	entry_save(entry);
+	set_dirty(entry, false);
+	spi_begin(&saved);
+	write_batch(&entry, 1);
+	spi_end(&saved);
 }
 
 /* ---- hooks ---- */
 
-/* An executor stopped early fires no AFTER STATEMENT trigger: write back here. */
+/* Does this query insert into the history (as its main statement)? */
+static bool
+inserts_history(QueryDesc *queryDesc)
+{
+	PlannedStmt *stmt = queryDesc->plannedstmt;
+	Oid			history;
+	ListCell   *lc;
+
+	if (queryDesc->operation != CMD_INSERT || stmt == NULL)
+		return false;
+	history = sh_relation_oid_if_exists("history");
+	foreach(lc, stmt->resultRelations)
+		if (rt_fetch(lfirst_int(lc), stmt->rtable)->relid == history)
+			return true;
+	return false;
+}
+
+/*
+ * An executor stopped early fires no AFTER STATEMENT trigger: write back
+ * here.  Only an INSERT into the history closes its rows; other queries may
+ * run while one of its rows is in flight (a trigger, a CHECK, a policy).
+ */
 static void
 objects_executor_finish(QueryDesc *queryDesc)
 {
@@ -888,7 +1035,8 @@ objects_executor_finish(QueryDesc *queryDesc)
 		prev_executor_finish(queryDesc);
 	else
 		standard_ExecutorFinish(queryDesc);
-	sh_objects_flush();
+	if (cache != NULL && dirty_count > 0)
+		sh_objects_flush(inserts_history(queryDesc));
 }
 
 /* COPY (and CALL, DO) run no executor of their own at the top: same here. */
@@ -906,7 +1054,7 @@ objects_process_utility(PlannedStmt *pstmt, const char *queryString,
 								params, queryEnv, dest, qc);
 	/* A transaction-ending command leaves no transaction to write in. */
 	if (IsTransactionState())
-		sh_objects_flush();
+		sh_objects_flush(context == PROCESS_UTILITY_TOPLEVEL);
 }
 
 static void
@@ -917,7 +1065,7 @@ objects_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_PRE_COMMIT:
 		case XACT_EVENT_PRE_PREPARE:
 			/* The safety net: nothing dirty may outlive the transaction. */
-			sh_objects_flush();
+			sh_objects_flush(true);
 			break;
 		case XACT_EVENT_PARALLEL_PRE_COMMIT:
 			break;
@@ -927,6 +1075,7 @@ objects_xact_callback(XactEvent event, void *arg)
 			cache = NULL;
 			dirty_count = 0;
 			writing = false;
+			inflight = NULL;
 			break;
 	}
 }
@@ -952,7 +1101,7 @@ sh_own_write(void)
 
 /*
  * SQL: BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE FOR EACH STATEMENT on
- * status_history.objects.  Statements other than this file's own (the
+ * status_history.objects and floors.  Statements other than this file's own (the
  * owner's, or a restore) see and change what the cache describes: write it
  * back first and read rows again afterwards.
  */
@@ -964,7 +1113,10 @@ status_history_objects_guard(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
 				 errmsg("objects_guard: not called by trigger manager")));
 	if (!writing)
+	{
 		sh_objects_invalidate();
+		sh_fence_forget_floors();
+	}
 	return PointerGetDatum(NULL);
 }
 
@@ -999,6 +1151,12 @@ status_history_restore_merge(PG_FUNCTION_ARGS)
 
 	rel = trigdata->tg_relation;
 	objects = RelationGetRelid(rel) == sh_relation_oid("objects");
+	/*
+	 * A parallel restore loads the history (whose trigger locks object rows
+	 * in history order) and this table (in its own order) at once: merge
+	 * only while no reporter holds rows, so that the two cannot deadlock.
+	 */
+	LockRelationOid(RelationGetRelid(rel), ShareRowExclusiveLock);
 	types[0] = rel->rd_rel->reltype;
 	args[0] = heap_copy_tuple_as_datum(trigdata->tg_trigtuple, RelationGetDescr(rel));
 	plan = &plans[objects ? 0 : 1];
@@ -1038,6 +1196,7 @@ sh_objects_init(void)
 							&cache_max_objects, 262144, 1, INT_MAX / 2,
 							PGC_USERSET, 0, NULL, NULL, NULL);
 	RegisterXactCallback(objects_xact_callback, NULL);
+	CacheRegisterRelcacheCallback(objects_relcache_callback, (Datum) 0);
 	RegisterSubXactCallback(objects_subxact_callback, NULL);
 	prev_executor_finish = ExecutorFinish_hook;
 	ExecutorFinish_hook = objects_executor_finish;

@@ -17,12 +17,14 @@
 #include "utils/timestamp.h"
 
 #define SH_SCHEMA "status_history"
+#define SH_SEARCH_PATH "pg_catalog, pg_temp"
 
 /* module.c */
 typedef struct ShSavedUser
 {
 	Oid			userid;
 	int			sec_context;
+	int			guc_nest;		/* -1: search_path was already pinned */
 } ShSavedUser;
 
 extern Oid	sh_relation_oid(const char *relname);
@@ -59,8 +61,9 @@ extern ShObjectState *sh_objects_lock(Datum object_id, int64 new_fence);
 extern void sh_objects_set_current(ShObjectState *state, TimestampTz stamp,
 								   const char *status);
 extern void sh_objects_raise_fences(Datum *ids, int n, int64 fence);
-extern void sh_objects_mark_recompute(ShObjectState *state);
-extern void sh_objects_flush(void);
+extern void sh_objects_mark_recompute(ShObjectState *state, TimestampTz stamp);
+extern void sh_objects_flush(bool closing);
+extern void sh_objects_row_begin(Datum object_id);
 extern int	sh_execute_own(SPIPlanPtr plan, Datum *args, const char *nulls);
 extern bool sh_own_write(void);
 extern void sh_objects_invalidate(void);
@@ -71,6 +74,8 @@ extern void sh_history_init(void);
 /* fence.c */
 extern void sh_fence_init(void);
 extern int64 sh_fence_floor(Datum replica_id, bool replica_null);
+extern int64 sh_fence_new_object(void);
+extern void sh_fence_forget_floors(void);
 extern bool sh_fence_in_reconnect(void);
 extern void sh_fence_note_report(void);
 extern int	sh_sort_ids(Datum *ids, int n);

@@ -9,7 +9,7 @@
 BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
 CREATE EXTENSION status_history;
-SELECT plan(30);
+SELECT plan(33);
 
 -- The recipe (README, "Roles").
 CREATE ROLE sh_reporter NOLOGIN;
@@ -49,7 +49,28 @@ SELECT throws_ok($$SELECT pg_catalog.setval('status_history.clock_bound', 1)$$, 
 SELECT throws_ok($$INSERT INTO status_history.history (occurred_at, object_id, status) VALUES (now(), 'r1', 'running')$$,
                  '42501', 'only the owner of status_history.history may supply occurred_at', 'reporter: no imports');
 SELECT throws_ok($$DELETE FROM status_history.history$$, '42501', NULL, 'reporter: no DELETE');
+-- A hostile search_path: the reporter's own text, timestamptz and int4 in
+-- pg_temp, with checks that note who runs them, and a function that runs a
+-- query in the middle of the INSERT (where the extension writes back).
+CREATE TABLE pg_temp.seen (who text);
+CREATE FUNCTION pg_temp.note() RETURNS boolean LANGUAGE plpgsql AS
+    $$ BEGIN INSERT INTO pg_temp.seen VALUES (current_user); RETURN true; END $$;
+CREATE DOMAIN pg_temp.text AS pg_catalog.text CHECK (pg_temp.note());
+CREATE DOMAIN pg_temp.timestamptz AS pg_catalog.timestamptz CHECK (pg_temp.note());
+CREATE DOMAIN pg_temp.int4 AS pg_catalog.int4 CHECK (pg_temp.note());
+CREATE FUNCTION pg_temp.f(i int) RETURNS pg_catalog.text LANGUAGE sql
+    AS $$ SELECT 'running'::pg_catalog.text FROM pg_catalog.generate_series(1, 1) $$;
+SET search_path = pg_temp, pg_catalog;
+INSERT INTO status_history.history (object_id, status)
+SELECT 'r1', pg_temp.f(i) FROM pg_catalog.generate_series(1, 2) AS i;
+SELECT status_history.report('r9', 'running') IS NOT NULL;
+RESET search_path;
+-- (pg_temp comes first for types on any path: gone before pgTAP runs again.)
+DROP DOMAIN pg_temp.text, pg_temp.timestamptz, pg_temp.int4 CASCADE;
+SELECT is((SELECT count(*) FROM pg_temp.seen WHERE who <> 'sh_reporter'), 0::bigint,
+          'reporter: with a hostile search_path, none of its code runs as anyone else');
 RESET ROLE;
+SELECT is((SELECT rolsuper FROM pg_roles WHERE rolname = 'sh_reporter'), false, 'reporter: still no superuser');
 
 -- The controller: reports and reconnects.
 SET ROLE sh_controller;
@@ -68,13 +89,15 @@ SELECT is((SELECT fence FROM status_history.objects WHERE object_id = 'r1'), 2::
 -- The reader: the views and history functions only.
 SET ROLE sh_reader;
 SELECT is((SELECT status FROM status_history.statuses WHERE object_id = 'r1'), 'paused', 'reader: statuses');
-SELECT is((SELECT count(*) FROM status_history.latest()), 3::bigint, 'reader: latest()');
+SELECT is((SELECT count(*) FROM status_history.latest()), 4::bigint, 'reader: latest() (r1, r2, r3 and r9)');
 SELECT cmp_ok((SELECT count(*) FROM status_history.history), '>', 0::bigint, 'reader: the history');
 SELECT throws_ok($$SELECT status_history.report('r1', 'running')$$, '42501', NULL, 'reader: no reports');
 SELECT throws_ok($$INSERT INTO status_history.history (object_id, status) VALUES ('r1', 'running')$$,
                  '42501', NULL, 'reader: no INSERT');
 SELECT throws_ok($$SELECT * FROM status_history.reconnect(9)$$, '42501', NULL, 'reader: no reconnect()');
 SELECT throws_ok($$SELECT * FROM unrelated$$, '42501', NULL, 'reader: does not read other tables');
+SELECT throws_ok($$SELECT * FROM status_history.report_many(ARRAY['r1'], ARRAY['running'])$$, '42501', NULL,
+                 'reader: report_many() refused before it locks anything');
 RESET ROLE;
 
 -- The admin: imports (owner of the history), and reads.
