@@ -60,5 +60,6 @@ bench:
 	./bench/run.sh
 stress:
 	./test/stress.sh
+ha: ; ./test/ha/run.sh
 memcheck:
 	./test/memcheck.sh
