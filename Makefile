@@ -50,7 +50,7 @@ $(error sql/$(EXTENSION)--$(EXTVERSION).sql is the install script of $(EXTVERSIO
 endif
 endif
 
-.PHONY: test demo bench stress memcheck
+.PHONY: test demo bench stress memcheck ha
 # Scripts that install what they need, then build, install and run.
 test:
 	./test/run.sh
@@ -60,6 +60,7 @@ bench:
 	./bench/run.sh
 stress:
 	./test/stress.sh
-ha: ; ./test/ha/run.sh
+ha:
+	./test/ha/run.sh
 memcheck:
 	./test/memcheck.sh
