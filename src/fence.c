@@ -305,6 +305,7 @@ raise_floor(int64 generation, Datum replica_id, bool replica_null)
 	LOCKTAG		tag;
 	Oid			relid = sh_relation_oid("floors");
 	bool		isnull;
+	int64		current_all;
 	int			ret;
 
 	SPI_connect();
@@ -318,6 +319,12 @@ raise_floor(int64 generation, Datum replica_id, bool replica_null)
 		lock_all = sh_prepare_kept("SELECT f.generation FROM status_history.floors AS f"
 								   " WHERE f.replica_id IS NULL FOR UPDATE", 0, NULL);
 	ret = sh_execute_latest(lock_all, NULL, NULL, false, 0);
+	if (ret != SPI_OK_SELECT || SPI_processed != 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_CORRUPTED),
+				 errmsg("the database-wide row of status_history.floors is missing"),
+				 errhint("Restore it: INSERT INTO status_history.floors VALUES (NULL, 0), as the extension owner.")));
+	current_all = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 	if (raise_all == NULL)
 	{
 		raise_all = sh_prepare_kept("UPDATE status_history.floors AS f SET generation = $1"
@@ -330,18 +337,10 @@ raise_floor(int64 generation, Datum replica_id, bool replica_null)
 									" SET generation = pg_catalog.int8larger(f.generation, $1)",
 									2, types);
 	}
-	if (ret != SPI_OK_SELECT || SPI_processed != 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_DATA_CORRUPTED),
-				 errmsg("the database-wide row of status_history.floors is missing"),
-				 errhint("Restore it: INSERT INTO status_history.floors VALUES (NULL, 0), as the extension owner.")));
 	if (replica_null)
 	{
-		int64		current = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-														  SPI_tuptable->tupdesc, 1, &isnull));
-
-		if (current > generation)
-			refuse_fenced(generation, current, "every object (database-wide)");
+		if (current_all > generation)
+			refuse_fenced(generation, current_all, "every object (database-wide)");
 		refuse_fenced_objects(generation);
 		ret = sh_execute_own(raise_all, args, NULL);
 	}

@@ -27,8 +27,7 @@ my $dir = ShTest::setup_workload($node, $objects);
 note("load: $clients clients x $per_client transactions on $objects objects");
 my $load = ShTest::start_load($node, $dir, $clients, [ '-t', $per_client ]);
 my $acked = ShTest::finish_load($load);
-like($load->{out}, qr/^number of transactions actually processed: ${\($clients * $per_client)}\b/m,
-	"every one of the reporters' transactions succeeded (no client aborted)");
+ok($load->{complete}, "every one of the reporters' transactions succeeded (no client aborted)");
 is($load->{deadlocks}, 0, 'no deadlock between single-object, sorted multi-object, savepoint, '
 	. 'report_many() and reconnect() transactions');
 is(ShTest::one($node, "SELECT count(*) > 0 FROM fence_log"), 't', 'some reconnects succeeded');

@@ -40,7 +40,9 @@ SELECT status_history.report('obj-' || :obj,
        NULL, NULL, 'w' || :client_id,
        (SELECT greatest(last_value - :lag, 0) FROM gen_seq));
 });
+	# Drops are rare: a pause before each.
 	write_file("$dir/drop.sql", qq{
+\\sleep 20 ms
 \\set obj random(1, $objects)
 SELECT status_history.report('obj-' || :obj, 'dropped');
 });
@@ -76,14 +78,12 @@ SELECT count(*) FROM status_history.report_many(
        replica_ids => array_fill('w' || :client_id, ARRAY[20]),
        generations => array_fill((SELECT greatest(last_value - 1, 0) FROM gen_seq), ARRAY[20]));
 });
-	write_file("$dir/reconnect.sql", "SELECT sh_test_reconnect();\n");
+	# Controllers spread their reconnects over the load.
+	write_file("$dir/reconnect.sql", "\\sleep 100 ms\nSELECT sh_test_reconnect();\n");
 	return $dir;
 }
 
-# The reporters' scripts: weight, and reports each transaction commits.
-our @SCRIPTS = (
-	[ 'report.sql', 400, 1 ], [ 'drop.sql', 1, 1 ], [ 'multi.sql', 40, 3 ],
-	[ 'savepoint.sql', 40, 2 ], [ 'bulk.sql', 10, 20 ]);
+
 
 sub write_file
 {
@@ -93,23 +93,35 @@ sub write_file
 	close $fh;
 }
 
-# Start the load in the background: reporters (report and drop scripts) and
-# two controllers (reconnect script) as separate pgbench runs, so that the
-# reporters' own "transactions actually processed" is the client-side count of
-# acknowledged reports.  $limit is ['-T', seconds] or ['-t', per client]:
-# pgbench does not count transactions still running when -T expires, so
-# exact counts need -t.
+# The reporters' scripts: share of the reporting clients, and reports each
+# transaction commits.  Each runs as its own pgbench, so that its
+# "transactions actually processed" is an exact client-side count
+# (pgbench's per-script counts in a mixed run can miss a transaction).
+our @SCRIPTS = (
+	[ 'report.sql', 4, 1 ], [ 'multi.sql', 1, 3 ], [ 'savepoint.sql', 1, 2 ],
+	[ 'bulk.sql', 1, 20 ], [ 'drop.sql', 1, 1 ]);
+
+# Start the load in the background: the reporters' scripts and two
+# controllers (reconnect script), each a pgbench run of its own.  $limit is
+# ['-T', seconds] or ['-t', per client]: pgbench does not count transactions
+# still running when -T expires, so exact counts need -t.  $clients is the
+# number of reporting clients, shared out by the scripts' shares.
 sub start_load
 {
 	my ($node, $dir, $clients, $limit) = @_;
-	my %h = (out => '', err => '', cout => '', cerr => '');
+	my %h = (runs => [], cout => '', cerr => '');
 	my @conn = ('pgbench', '-n', '-h', $node->host, '-p', $node->port);
-	$h{run} = IPC::Run::start(
-		[
-			@conn, '-c', $clients, '-j', 2, @$limit,
-			(map { ('-f', "$dir/$_->[0]\@$_->[1]") } @SCRIPTS), 'postgres'
-		],
-		'>', \$h{out}, '2>', \$h{err});
+	my $shares = 0;
+	$shares += $_->[1] for @SCRIPTS;
+	for my $script (@SCRIPTS)
+	{
+		my $c = int($clients * $script->[1] / $shares + 0.5) || 1;
+		my %r = (script => $script, out => '', err => '');
+		my @lim = $script->[0] eq 'drop.sql' && $limit->[0] eq '-t' ? ('-t', int($limit->[1] / 100) || 1) : @$limit;
+		$r{run} = IPC::Run::start([ @conn, '-c', $c, '-j', 1, @lim, '-f', "$dir/$script->[0]", 'postgres' ],
+			'>', \$r{out}, '2>', \$r{err});
+		push @{ $h{runs} }, \%r;
+	}
 	my @climit = $limit->[0] eq '-t' ? ('-t', 40) : @$limit;
 	$h{controllers} = IPC::Run::start(
 		[ @conn, '-c', 2, @climit, '-f', "$dir/reconnect.sql", 'postgres' ],
@@ -117,31 +129,35 @@ sub start_load
 	return \%h;
 }
 
-# Wait for the load; returns the reports pgbench saw succeed.
+# Wait for the load; returns the reports pgbench saw succeed.  Also sets
+# $h->{out} (the reporters' pgbench outputs), $h->{complete} (every reporting
+# client finished all its transactions) and $h->{deadlocks}.
 sub finish_load
 {
 	my ($h) = @_;
-	$h->{run}->finish;
-	$h->{controllers}->finish;
-	# Errors other than the server going away are worth seeing.
-	for my $err ($h->{err}, $h->{cerr})
-	{
-		my @lines = grep { /ERROR/ && !/terminat|connection|server closed/ } split /\n/, $err;
-		diag(join("\n", @lines[0 .. ($#lines < 4 ? $#lines : 4)])) if @lines;
-	}
-	$h->{deadlocks} = () = ($h->{err} . $h->{cerr}) =~ /deadlock detected/g;
-	# Acknowledged reports: each script's transactions times its reports.
 	my $reports = 0;
-	for my $i (0 .. $#SCRIPTS)
+	my $errs = $h->{cerr};
+	$h->{out} = '';
+	$h->{complete} = 1;
+	$_->{run}->finish for @{ $h->{runs} };
+	$h->{controllers}->finish;
+	for my $r (@{ $h->{runs} })
 	{
-		my $n = $i + 1;
-		if ($h->{out} !~ /^SQL script $n: .*\n(?: - .*\n)*? - (\d+) transactions/m)
+		$h->{out} .= $r->{out};
+		$errs .= $r->{err};
+		if ($r->{out} !~ /^number of transactions actually processed: (\d+)(?:\/(\d+))?/m)
 		{
-			diag("pgbench printed no count for script $n:\n$h->{out}\n$h->{err}");
-			return 0;
+			diag("pgbench printed no count for $r->{script}[0]:\n$r->{out}\n$r->{err}");
+			$h->{complete} = 0;
+			next;
 		}
-		$reports += $1 * $SCRIPTS[$i][2];
+		$h->{complete} = 0 if defined $2 && $1 != $2;
+		$reports += $1 * $r->{script}[2];
 	}
+	# Errors other than the server going away are worth seeing.
+	my @lines = grep { /ERROR/ && !/terminat|connection|server closed/ } split /\n/, $errs;
+	diag(join("\n", @lines[0 .. ($#lines < 4 ? $#lines : 4)])) if @lines;
+	$h->{deadlocks} = () = $errs =~ /deadlock detected/g;
 	return $reports;
 }
 
