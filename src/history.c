@@ -33,7 +33,11 @@
 #include "utils/guc.h"
 #include "utils/fmgroids.h"
 #include "executor/tuptable.h"
+#include "utils/inval.h"
 #include "utils/rel.h"
+#include "utils/syscache.h"
+#include "catalog/pg_index.h"
+#include "catalog/pg_trigger.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
 
@@ -199,6 +203,8 @@ validate_report(Datum *values, bool *nulls, const HistoryColumns *cols)
  */
 static int	max_import_lead = 10000;
 
+static void history_relcache_callback(Datum arg, Oid relid);
+
 /*
  * A stamp already taken, committed or not, by a different report (another
  * object or status).  The same report again (a re-import) is left to the
@@ -272,6 +278,7 @@ check_imported_stamp(Relation rel, TimestampTz stamp, Datum *values, const Histo
 void
 sh_history_init(void)
 {
+	CacheRegisterRelcacheCallback(history_relcache_callback, (Datum) 0);
 	DefineCustomIntVariable("status_history.max_import_lead",
 							"How far ahead of the server clock an imported occurred_at may be.",
 							"-1 allows any stamp; a stamp far ahead holds every later stamp back until then.",
@@ -312,6 +319,60 @@ execute_capturing(SPIPlanPtr plan, Datum *args, const char *nulls, Tuplestoresta
 	PG_END_TRY();
 	if (ret != SPI_OK_INSERT)
 		elog(ERROR, "status_history: inserting reports failed: %s", SPI_result_code_string(ret));
+}
+
+/*
+ * Can a row be skipped after this trigger stamped it: is there another
+ * BEFORE ROW INSERT trigger (it may return NULL) or another unique index (ON
+ * CONFLICT DO NOTHING may skip on it)?  Imported stamps may also conflict
+ * with the primary key.  Cached per relation until its relcache entry goes.
+ */
+static Oid	skip_relid = InvalidOid;
+static bool skip_valid = false;
+static bool skip_cached;
+
+static bool
+rows_may_skip(Relation rel)
+{
+	TriggerDesc *td = rel->trigdesc;
+	List	   *indexes;
+	ListCell   *lc;
+	bool		may = false;
+
+	if (skip_valid && skip_relid == RelationGetRelid(rel))
+		return skip_cached;
+	for (int i = 0; td != NULL && i < td->numtriggers && !may; i++)
+	{
+		Trigger    *t = &td->triggers[i];
+
+		may = TRIGGER_FOR_ROW(t->tgtype) && TRIGGER_FOR_BEFORE(t->tgtype) &&
+			TRIGGER_FOR_INSERT(t->tgtype) && strcmp(t->tgname, "history_insert") != 0;
+	}
+	indexes = RelationGetIndexList(rel);
+	foreach(lc, indexes)
+	{
+		HeapTuple	tup = SearchSysCache1(INDEXRELID, ObjectIdGetDatum(lfirst_oid(lc)));
+
+		if (HeapTupleIsValid(tup))
+		{
+			Form_pg_index index = (Form_pg_index) GETSTRUCT(tup);
+
+			may |= index->indisunique && !index->indisprimary;
+			ReleaseSysCache(tup);
+		}
+	}
+	list_free(indexes);
+	skip_relid = RelationGetRelid(rel);
+	skip_cached = may;
+	skip_valid = true;
+	return may;
+}
+
+static void
+history_relcache_callback(Datum arg, Oid relid)
+{
+	if (relid == InvalidOid || relid == skip_relid)
+		skip_valid = false;
 }
 
 /* SQL: BEFORE INSERT FOR EACH ROW on status_history.history */
@@ -382,7 +443,19 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 	if (!stale)
 	{
 		if (!state->has_current || stamp > state->current_at)
-			sh_objects_set_current(state, stamp, status);
+		{
+			ShReportValues report;
+			int			cols_of[6] = {cols.status, cols.error, cols.details,
+				cols.replica_id, cols.generation, cols.reported_at};
+
+			for (int i = 0; i < 6; i++)
+			{
+				report.values[i] = values[cols_of[i]];
+				report.nulls[i] = nulls[cols_of[i]];
+			}
+			sh_objects_set_current(state, stamp, status, &report,
+								   imported || rows_may_skip(rel));
+		}
 		else
 			/* An import into the past may break the current run of a status. */
 			sh_objects_mark_recompute(state, stamp);

@@ -118,7 +118,11 @@ sh_restore_user(const ShSavedUser *saved)
 SPIPlanPtr
 sh_prepare_kept(const char *sql, int nargs, Oid *argtypes)
 {
-	SPIPlanPtr	plan = SPI_prepare(sql, nargs, argtypes);
+	/*
+	 * Always the generic plan: these run once per report or statement, and
+	 * a custom plan would be planned again at every execution.
+	 */
+	SPIPlanPtr	plan = SPI_prepare_cursor(sql, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN);
 
 	if (plan == NULL)
 		elog(ERROR, "status_history: SPI_prepare failed: %s",

@@ -129,10 +129,23 @@ static bool cache_recheck = false;	/* that table may have been dropped */
 static CachedObject *inflight = NULL;
 static TimestampTz inflight_stamp;	/* the stamp of that row */
 
+/*
+ * A copy of the last report made current (one report, whatever the number
+ * of objects: the cache itself holds no report data).  A statement that
+ * changed one object with one report -- report(), the common case -- is
+ * written back from it, with a plain UPDATE, once its row is seen stored.
+ */
+static MemoryContext last_context = NULL;
+static CachedObject *last_entry = NULL;
+static TimestampTz last_stamp;
+static ShReportValues last_report;
+
 static SPIPlanPtr create_plan = NULL;
 static SPIPlanPtr write_one_plan = NULL;
 static SPIPlanPtr write_many_plan = NULL;
 static SPIPlanPtr recompute_plan = NULL;
+static SPIPlanPtr write_values_plan = NULL;
+static SPIPlanPtr write_trusted_plan = NULL;
 
 static ExecutorFinish_hook_type prev_executor_finish = NULL;
 static ProcessUtility_hook_type prev_process_utility = NULL;
@@ -172,6 +185,8 @@ prepare_plans(void)
 	Oid			many_types[5] = {TEXTARRAYOID, TIMESTAMPTZARRAYOID, TIMESTAMPTZARRAYOID,
 		TIMESTAMPTZARRAYOID, INT4ARRAYOID};
 	Oid			recompute_types[1] = {TEXTOID};
+	Oid			values_types[9] = {TEXTOID, TIMESTAMPTZOID, TEXTOID, TEXTOID, JSONBOID,
+		TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID};
 
 	if (create_plan != NULL)
 		return;
@@ -206,6 +221,23 @@ prepare_plans(void)
 									  "   AND h.object_id OPERATOR(pg_catalog.=) u.object_id AND NOT h.stale"
 									  " WHERE o.object_id OPERATOR(pg_catalog.=) u.object_id" ALL_THERE,
 									  5, many_types);
+	write_trusted_plan = sh_prepare_kept(
+										 "UPDATE status_history.objects AS o" WRITE_SET
+										 "  FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
+										 "                  pg_catalog.unnest($3), pg_catalog.unnest($4),"
+										 "                  pg_catalog.unnest($5)) AS u(object_id, stamp, since, first, n)"
+										 "  JOIN status_history.history AS h"
+										 "    ON h.occurred_at OPERATOR(pg_catalog.=) u.stamp"
+										 "   AND h.object_id OPERATOR(pg_catalog.=) u.object_id AND NOT h.stale"
+										 " WHERE o.object_id OPERATOR(pg_catalog.=) u.object_id",
+										 5, many_types);
+	write_values_plan = sh_prepare_kept(
+										"UPDATE status_history.objects"
+										"   SET occurred_at = $2, status = $3, error = $4, details = $5,"
+										"       replica_id = $6, generation = $7, reported_at = $8,"
+										"       status_since = $9"
+										" WHERE object_id OPERATOR(pg_catalog.=) $1",
+										9, values_types);
 	/* Brute force over one object's history: the definition of its state. */
 	recompute_plan = sh_prepare_kept(
 									 "UPDATE status_history.objects AS o"
@@ -419,6 +451,7 @@ cache_create(void)
 	dlist_init(&nested_list);
 	dirty_count = 0;
 	inflight = NULL;
+	last_entry = NULL;
 	cache_relid = sh_relation_oid("objects");
 	cache_recheck = false;
 }
@@ -433,6 +466,7 @@ cache_discard(void)
 	cache = NULL;
 	dirty_count = 0;
 	inflight = NULL;
+	last_entry = NULL;
 }
 
 /* DROP and CREATE EXTENSION in one transaction: a new objects table. */
@@ -520,6 +554,8 @@ entry_remove(CachedObject *entry)
 
 	if (inflight == entry)
 		inflight = NULL;
+	if (last_entry == entry)
+		last_entry = NULL;
 	set_dirty(entry, false);
 	if (entry->in_nested)
 		dlist_delete(&entry->nested_node);
@@ -691,6 +727,37 @@ stamp_stored(TimestampTz stamp)
 	return found;
 }
 
+/*
+ * Write one entry from the copy of its report, when that is the only report
+ * made current since the last write-back and its row is stored.
+ */
+static bool
+write_from_copy(CachedObject *entry)
+{
+	Datum		args[9];
+	char		nulls[9];
+	int			ret;
+
+	if (entry != last_entry || last_stamp != entry->state.current_at ||
+		entry->state.pending != 1 || !stamp_stored(last_stamp))
+		return false;
+	args[0] = PointerGetDatum(entry->key);
+	nulls[0] = ' ';
+	args[1] = TimestampTzGetDatum(last_stamp);
+	nulls[1] = ' ';
+	for (int i = 0; i < 6; i++)
+	{
+		args[2 + i] = last_report.values[i];
+		nulls[2 + i] = last_report.nulls[i] ? 'n' : ' ';
+	}
+	args[8] = TimestampTzGetDatum(entry->state.status_since);
+	nulls[8] = ' ';
+	ret = sh_execute_own(write_values_plan, args, nulls);
+	if (ret != SPI_OK_UPDATE || SPI_processed != 1)
+		elog(ERROR, "status_history: writing back an object failed: %s", SPI_result_code_string(ret));
+	return true;
+}
+
 /* Write one entry; false when its report is not in the history as expected. */
 static bool
 write_one(CachedObject *entry)
@@ -712,7 +779,7 @@ write_one(CachedObject *entry)
 
 /* Write n entries with one UPDATE; false when some were not written. */
 static bool
-write_many(CachedObject **entries, int n)
+write_many(CachedObject **entries, int n, SPIPlanPtr plan)
 {
 	Datum	   *elems = palloc(n * sizeof(Datum));
 	Datum		args[5];
@@ -733,7 +800,7 @@ write_many(CachedObject **entries, int n)
 	for (int i = 0; i < n; i++)
 		elems[i] = Int32GetDatum(entries[i]->state.pending);
 	args[4] = column_array(elems, n, INT4OID);
-	ret = sh_execute_own(write_many_plan, args, NULL);
+	ret = sh_execute_own(plan, args, NULL);
 	if (ret != SPI_OK_UPDATE)
 		elog(ERROR, "status_history: writing back %d objects failed: %s",
 			 n, SPI_result_code_string(ret));
@@ -761,12 +828,35 @@ write_batch(CachedObject **batch, int n)
 		else
 			batch[plain++] = batch[i];
 	}
-	if (plain == 1 ? !write_one(batch[0]) : (plain > 1 && !write_many(batch, plain)))
+	if (plain == 1)
 	{
-		/* Some report is not in the history as cached: find which. */
+		if (!write_from_copy(batch[0]) && !write_one(batch[0]))
+			recompute(batch[0]);
+	}
+	else if (plain > 1)
+	{
+		/*
+		 * Entries none of whose pending reports can have been skipped need
+		 * not count them (the costly part of a bulk write-back).
+		 */
+		int			checked = 0;
+
 		for (int i = 0; i < plain; i++)
-			if (!write_one(batch[i]))
-				recompute(batch[i]);
+			if (batch[i]->state.pending_may_skip)
+			{
+				CachedObject *t = batch[checked];
+
+				batch[checked++] = batch[i];
+				batch[i] = t;
+			}
+		if ((checked > 0 && !write_many(batch, checked, write_many_plan)) ||
+			(plain > checked && !write_many(batch + checked, plain - checked, write_trusted_plan)))
+		{
+			/* Some report is not in the history as cached: find which. */
+			for (int i = 0; i < plain; i++)
+				if (!write_one(batch[i]))
+					recompute(batch[i]);
+		}
 	}
 	for (int i = 0; i < plain; i++)
 		batch[i]->state.pending = 0;
@@ -905,14 +995,38 @@ sh_objects_lock(Datum object_id, int64 new_fence)
 
 /* The report stamped stamp with status is now the object's current report. */
 void
-sh_objects_set_current(ShObjectState *state, TimestampTz stamp, const char *status)
+sh_objects_set_current(ShObjectState *state, TimestampTz stamp, const char *status,
+					   const ShReportValues *report, bool may_skip)
 {
 	CachedObject *entry = entry_of(state);
 	bool		same = state->has_current && strcmp(state->status, status) == 0;
+	MemoryContext old;
+
+	/* Keep a copy of this one report (the previous copy goes). */
+	if (last_context == NULL)
+		last_context = AllocSetContextCreate(TopMemoryContext, "status_history last report",
+											 ALLOCSET_SMALL_SIZES);
+	MemoryContextReset(last_context);
+	old = MemoryContextSwitchTo(last_context);
+	for (int i = 0; i < 6; i++)
+	{
+		int16		typlen = (i == 4 || i == 5) ? 8 : -1;	/* generation, reported_at */
+
+		last_report.nulls[i] = report->nulls[i];
+		last_report.values[i] = report->nulls[i] ? (Datum) 0 :
+			datumCopy(report->values[i], typlen == 8, typlen);
+	}
+	MemoryContextSwitchTo(old);
+	last_entry = entry;
+	last_stamp = stamp;
 
 	entry_save(entry);
 	if (state->pending++ == 0)
+	{
 		state->pending_first = stamp;
+		state->pending_may_skip = false;
+	}
+	state->pending_may_skip |= may_skip;
 	state->status_since = same ? state->status_since : stamp;
 	state->has_current = true;
 	state->current_at = stamp;
@@ -1076,6 +1190,7 @@ objects_xact_callback(XactEvent event, void *arg)
 			dirty_count = 0;
 			writing = false;
 			inflight = NULL;
+			last_entry = NULL;
 			break;
 	}
 }

@@ -54,12 +54,22 @@ typedef struct ShObjectState
 	/* Reports made current since the last write-back, and the first's stamp. */
 	int32		pending;
 	TimestampTz pending_first;
+	bool		pending_may_skip;	/* one of them may have been skipped */
 } ShObjectState;
 
 extern void sh_objects_init(void);
 extern ShObjectState *sh_objects_lock(Datum object_id, int64 new_fence);
+/* The columns of a report that the per-object state copies. */
+#define SH_REPORT_COLS 7		/* status, error, details, replica_id, generation, reported_at, object_id */
+typedef struct ShReportValues
+{
+	Datum		values[SH_REPORT_COLS];
+	bool		nulls[SH_REPORT_COLS];
+} ShReportValues;
+
 extern void sh_objects_set_current(ShObjectState *state, TimestampTz stamp,
-								   const char *status);
+								   const char *status, const ShReportValues *report,
+								   bool may_skip);
 extern void sh_objects_raise_fences(Datum *ids, int n, int64 fence);
 extern void sh_objects_mark_recompute(ShObjectState *state, TimestampTz stamp);
 extern void sh_objects_flush(bool closing);
