@@ -214,19 +214,10 @@ static bool
 stamp_taken(Relation rel, TimestampTz stamp, Datum object_id, Datum status,
 			const HistoryColumns *cols)
 {
-	Relation	index = index_open(RelationGetPrimaryKeyIndex(rel), AccessShareLock);
-	SnapshotData dirty;
-	IndexScanDesc scan;
-	ScanKeyData key;
 	TupleTableSlot *slot = table_slot_create(rel, NULL);
-	bool		taken;
+	bool		taken = false;
 
-	InitDirtySnapshot(dirty);
-	ScanKeyInit(&key, 1, BTEqualStrategyNumber, F_TIMESTAMP_EQ, TimestampTzGetDatum(stamp));
-	scan = index_beginscan(rel, index, &dirty, 1, 0);
-	index_rescan(scan, &key, 1, NULL, 0);
-	taken = false;
-	while (!taken && index_getnext_slot(scan, ForwardScanDirection, slot))
+	if (sh_history_find_stamp(rel, stamp, slot))
 	{
 		bool		isnull;
 		Datum		o = slot_getattr(slot, cols->object_id + 1, &isnull);
@@ -235,9 +226,7 @@ stamp_taken(Relation rel, TimestampTz stamp, Datum object_id, Datum status,
 		taken = !DatumGetBool(DirectFunctionCall2Coll(texteq, C_COLLATION_OID, o, object_id)) ||
 			!DatumGetBool(DirectFunctionCall2Coll(texteq, C_COLLATION_OID, st, status));
 	}
-	index_endscan(scan);
 	ExecDropSingleTupleTableSlot(slot);
-	index_close(index, AccessShareLock);
 	return taken;
 }
 

@@ -24,7 +24,7 @@ PG_FUNCTION_INFO_V1(status_history_latest);
 /* Same columns, in the same order, as status_history.history. */
 #define LATEST_SELECT \
 	"SELECT o.occurred_at, o.object_id, o.status, o.error, o.details," \
-	"       o.replica_id, o.generation, o.reported_at, false" \
+	"       o.replica_id, o.generation, o.reported_at, false AS stale" \
 	"  FROM status_history.objects AS o" \
 	" WHERE o.occurred_at IS NOT NULL" \
 	"   AND ($1 OR o.status OPERATOR(pg_catalog.<>) 'dropped')"
@@ -57,6 +57,7 @@ status_history_latest(PG_FUNCTION_ARGS)
 	Portal		portal;
 	Datum	   *values;
 	bool	   *nulls;
+	int		   *source;			/* per result column, its number in the query */
 	int			natts;
 
 	if (PG_ARGISNULL(1))
@@ -71,9 +72,18 @@ status_history_latest(PG_FUNCTION_ARGS)
 	natts = rsinfo->setDesc->natts;
 	values = palloc0(natts * sizeof(Datum));
 	nulls = palloc(natts * sizeof(bool));
+	source = palloc(natts * sizeof(int));
 
 	SPI_connect();
 	portal = SPI_cursor_open(NULL, latest_plan(listed), args, NULL, true);
+	/* Map by name: the history's row type may have dropped or added columns. */
+	for (int a = 0; a < natts; a++)
+	{
+		Form_pg_attribute att = TupleDescAttr(rsinfo->setDesc, a);
+
+		source[a] = att->attisdropped ? SPI_ERROR_NOATTRIBUTE :
+			SPI_fnumber(portal->tupDesc, NameStr(att->attname));
+	}
 	for (;;)
 	{
 		SPI_cursor_fetch(portal, true, LATEST_BATCH);
@@ -82,8 +92,13 @@ status_history_latest(PG_FUNCTION_ARGS)
 		for (uint64 i = 0; i < SPI_processed; i++)
 		{
 			/* Columns the history may gain later stay NULL here. */
-			memset(nulls, true, natts * sizeof(bool));
-			heap_deform_tuple(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, values, nulls);
+			for (int a = 0; a < natts; a++)
+			{
+				nulls[a] = true;
+				if (source[a] > 0)
+					values[a] = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc,
+											  source[a], &nulls[a]);
+			}
 			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 		}
 		SPI_freetuptable(SPI_tuptable);

@@ -13,6 +13,11 @@
 #include "postgres.h"
 
 #include "access/htup_details.h"
+#include "utils/rel.h"
+#include "utils/fmgroids.h"
+#include "access/tableam.h"
+#include "access/relscan.h"
+#include "access/genam.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
 #include "utils/guc.h"
@@ -169,4 +174,27 @@ sh_text_key_match(const void *key1, const void *key2, Size keysize)
 	if (len != VARSIZE_ANY_EXHDR(b))
 		return 1;
 	return memcmp(VARDATA_ANY(a), VARDATA_ANY(b), len);
+}
+
+/*
+ * Find the history row with this stamp, committed or not (a dirty snapshot:
+ * ours and other transactions' in-progress rows count), into slot.
+ */
+bool
+sh_history_find_stamp(Relation history, TimestampTz stamp, TupleTableSlot *slot)
+{
+	Relation	index = index_open(RelationGetPrimaryKeyIndex(history), AccessShareLock);
+	SnapshotData dirty;
+	IndexScanDesc scan;
+	ScanKeyData key;
+	bool		found;
+
+	InitDirtySnapshot(dirty);
+	ScanKeyInit(&key, 1, BTEqualStrategyNumber, F_TIMESTAMP_EQ, TimestampTzGetDatum(stamp));
+	scan = index_beginscan(history, index, &dirty, 1, 0);
+	index_rescan(scan, &key, 1, NULL, 0);
+	found = index_getnext_slot(scan, ForwardScanDirection, slot);
+	index_endscan(scan);
+	index_close(index, AccessShareLock);
+	return found;
 }

@@ -708,21 +708,10 @@ static bool
 stamp_stored(TimestampTz stamp)
 {
 	Relation	rel = table_open(sh_relation_oid("history"), AccessShareLock);
-	Relation	index = index_open(RelationGetPrimaryKeyIndex(rel), AccessShareLock);
-	SnapshotData dirty;
-	IndexScanDesc scan;
-	ScanKeyData key;
 	TupleTableSlot *slot = table_slot_create(rel, NULL);
-	bool		found;
+	bool		found = sh_history_find_stamp(rel, stamp, slot);
 
-	InitDirtySnapshot(dirty);
-	ScanKeyInit(&key, 1, BTEqualStrategyNumber, F_TIMESTAMP_EQ, TimestampTzGetDatum(stamp));
-	scan = index_beginscan(rel, index, &dirty, 1, 0);
-	index_rescan(scan, &key, 1, NULL, 0);
-	found = index_getnext_slot(scan, ForwardScanDirection, slot);
-	index_endscan(scan);
 	ExecDropSingleTupleTableSlot(slot);
-	index_close(index, AccessShareLock);
 	table_close(rel, AccessShareLock);
 	return found;
 }

@@ -14,6 +14,7 @@
 #include "postgres.h"
 #include "executor/spi.h"
 #include "nodes/execnodes.h"
+#include "utils/relcache.h"
 #include "utils/timestamp.h"
 
 #define SH_SCHEMA "status_history"
@@ -32,6 +33,7 @@ extern Oid	sh_relation_oid_if_exists(const char *relname);
 extern void sh_become_owner(Oid relid, ShSavedUser *saved);
 extern void sh_restore_user(const ShSavedUser *saved);
 extern SPIPlanPtr sh_prepare_kept(const char *sql, int nargs, Oid *argtypes);
+extern bool sh_history_find_stamp(Relation history, TimestampTz stamp, TupleTableSlot *slot);
 extern uint32 sh_text_key_hash(const void *key, Size keysize);
 extern int	sh_text_key_match(const void *key1, const void *key2, Size keysize);
 extern int	sh_execute_latest(SPIPlanPtr plan, Datum *args, const char *nulls,
