@@ -306,11 +306,12 @@ clock_check_writable(void)
 }
 
 /*
- * Persist a bound of at least target.  A session lock on the sequence keeps
- * two raisers from writing out of order (a lower bound after a higher one).
+ * Persist a bound of at least target, unless the bound covers needed
+ * already.  A session lock on the sequence keeps two raisers from writing
+ * out of order (a lower bound after a higher one).
  */
 static void
-clock_raise_bound(ClockSlot *slot, TimestampTz target)
+clock_raise_bound(ClockSlot *slot, TimestampTz needed, TimestampTz target)
 {
 	Oid			seqid = sh_relation_oid("clock_bound");
 	LockRelId	lockid;
@@ -327,7 +328,13 @@ clock_raise_bound(ClockSlot *slot, TimestampTz target)
 		current = slot->bound;
 		LWLockRelease(&clock_shared->lock);
 
-		if (current < target)
+		/*
+		 * Only if the bound does not cover the stamp yet: whoever held the
+		 * lock before us may have raised it a second ahead already (each
+		 * waiter raising it again by a few microseconds serialized a flush
+		 * per backend under load).
+		 */
+		if (current < needed)
 		{
 			sh_become_owner(seqid, &saved);
 			DirectFunctionCall2(setval_oid, ObjectIdGetDatum(seqid), Int64GetDatum(target));
@@ -382,7 +389,7 @@ sh_clock_next(void)
 					 errmsg("the status_history clock has reached the end of the timestamp range"),
 					 errdetail("A stamp was imported close to the largest timestamp PostgreSQL can store."),
 					 errhint("Import stamps no later than the present.")));
-		clock_raise_bound(slot, stamp + BOUND_AHEAD);
+		clock_raise_bound(slot, stamp, stamp + BOUND_AHEAD);
 	}
 }
 
@@ -410,7 +417,7 @@ sh_clock_observe(TimestampTz stamp)
 					(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
 					 errmsg("occurred_at is too close to the end of the timestamp range"),
 					 errhint("Import stamps no later than the present.")));
-		clock_raise_bound(slot, stamp + BOUND_AHEAD);
+		clock_raise_bound(slot, stamp, stamp + BOUND_AHEAD);
 	}
 }
 
