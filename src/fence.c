@@ -170,21 +170,14 @@ sh_fence_floor(Datum replica_id, bool replica_null)
 	}
 	if (!floors_read)
 	{
-		HASHCTL		ctl;
-
 		floors_relid = sh_relation_oid_if_exists("floors");
 
 		floor_all = read_floor((Datum) 0, true, &floor_all_committed);
 		floors_context = AllocSetContextCreate(TopTransactionContext,
 											   "status_history floors",
 											   ALLOCSET_SMALL_SIZES);
-		ctl.keysize = sizeof(text *);
-		ctl.entrysize = sizeof(ReplicaFloor);
-		ctl.hash = sh_text_key_hash;
-		ctl.match = sh_text_key_match;
-		ctl.hcxt = floors_context;
-		replica_floors = hash_create("status_history floors", 16, &ctl,
-									 HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
+		replica_floors = sh_text_hash_create("status_history floors", sizeof(ReplicaFloor),
+											 floors_context);
 		floors_read = true;
 	}
 	if (replica_null)

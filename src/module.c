@@ -21,6 +21,7 @@
 #include "access/xact.h"
 #include "catalog/namespace.h"
 #include "utils/guc.h"
+#include "utils/hsearch.h"
 #include "common/hashfn.h"
 #include "fmgr.h"
 #include "miscadmin.h"
@@ -197,4 +198,18 @@ sh_history_find_stamp(Relation history, TimestampTz stamp, TupleTableSlot *slot)
 	index_endscan(scan);
 	index_close(index, AccessShareLock);
 	return found;
+}
+
+/* A hash table in cxt whose entries start with a text pointer key (the above). */
+HTAB *
+sh_text_hash_create(const char *name, Size entrysize, MemoryContext cxt)
+{
+	HASHCTL		ctl;
+
+	ctl.keysize = sizeof(text *);
+	ctl.entrysize = entrysize;
+	ctl.hash = sh_text_key_hash;
+	ctl.match = sh_text_key_match;
+	ctl.hcxt = cxt;
+	return hash_create(name, 16, &ctl, HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
 }

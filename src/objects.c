@@ -177,6 +177,17 @@ typedef struct ObjectColumns
 	"           AND c.occurred_at OPERATOR(pg_catalog.>=) u.first" \
 	"           AND c.occurred_at OPERATOR(pg_catalog.<=) u.stamp) OPERATOR(pg_catalog.=) u.n)"
 
+/* The bulk write-back: one row per object, its report found by stamp. */
+#define WRITE_MANY \
+	"UPDATE status_history.objects AS o" WRITE_SET \
+	"  FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)," \
+	"                  pg_catalog.unnest($3), pg_catalog.unnest($4)," \
+	"                  pg_catalog.unnest($5)) AS u(object_id, stamp, since, first, n)" \
+	"  JOIN status_history.history AS h" \
+	"    ON h.occurred_at OPERATOR(pg_catalog.=) u.stamp" \
+	"   AND h.object_id OPERATOR(pg_catalog.=) u.object_id AND NOT h.stale" \
+	" WHERE o.object_id OPERATOR(pg_catalog.=) u.object_id"
+
 static void
 prepare_plans(void)
 {
@@ -212,24 +223,10 @@ prepare_plans(void)
 									 " WHERE o.object_id OPERATOR(pg_catalog.=) u.object_id" ALL_THERE,
 									 5, one_types);
 	write_many_plan = sh_prepare_kept(
-									  "UPDATE status_history.objects AS o" WRITE_SET
-									  "  FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
-									  "                  pg_catalog.unnest($3), pg_catalog.unnest($4),"
-									  "                  pg_catalog.unnest($5)) AS u(object_id, stamp, since, first, n)"
-									  "  JOIN status_history.history AS h"
-									  "    ON h.occurred_at OPERATOR(pg_catalog.=) u.stamp"
-									  "   AND h.object_id OPERATOR(pg_catalog.=) u.object_id AND NOT h.stale"
-									  " WHERE o.object_id OPERATOR(pg_catalog.=) u.object_id" ALL_THERE,
+									  WRITE_MANY ALL_THERE,
 									  5, many_types);
 	write_trusted_plan = sh_prepare_kept(
-										 "UPDATE status_history.objects AS o" WRITE_SET
-										 "  FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
-										 "                  pg_catalog.unnest($3), pg_catalog.unnest($4),"
-										 "                  pg_catalog.unnest($5)) AS u(object_id, stamp, since, first, n)"
-										 "  JOIN status_history.history AS h"
-										 "    ON h.occurred_at OPERATOR(pg_catalog.=) u.stamp"
-										 "   AND h.object_id OPERATOR(pg_catalog.=) u.object_id AND NOT h.stale"
-										 " WHERE o.object_id OPERATOR(pg_catalog.=) u.object_id",
+										 WRITE_MANY,
 										 5, many_types);
 	write_values_plan = sh_prepare_kept(
 										"UPDATE status_history.objects"
@@ -435,18 +432,10 @@ lock_and_read(Datum object_id, int64 new_fence, ShObjectState *state)
 static void
 cache_create(void)
 {
-	HASHCTL		ctl;
-
 	cache_context = AllocSetContextCreate(TopTransactionContext,
 										  "status_history object cache",
 										  ALLOCSET_DEFAULT_SIZES);
-	ctl.keysize = sizeof(text *);
-	ctl.entrysize = sizeof(CachedObject);
-	ctl.hash = sh_text_key_hash;
-	ctl.match = sh_text_key_match;
-	ctl.hcxt = cache_context;
-	cache = hash_create("status_history object cache", 64, &ctl,
-						HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
+	cache = sh_text_hash_create("status_history object cache", sizeof(CachedObject), cache_context);
 	dlist_init(&dirty_list);
 	dlist_init(&nested_list);
 	dirty_count = 0;

@@ -14,6 +14,7 @@
 #include "postgres.h"
 #include "executor/spi.h"
 #include "nodes/execnodes.h"
+#include "utils/hsearch.h"
 #include "utils/relcache.h"
 #include "utils/timestamp.h"
 
@@ -36,6 +37,7 @@ extern SPIPlanPtr sh_prepare_kept(const char *sql, int nargs, Oid *argtypes);
 extern bool sh_history_find_stamp(Relation history, TimestampTz stamp, TupleTableSlot *slot);
 extern uint32 sh_text_key_hash(const void *key, Size keysize);
 extern int	sh_text_key_match(const void *key1, const void *key2, Size keysize);
+extern HTAB *sh_text_hash_create(const char *name, Size entrysize, MemoryContext cxt);
 extern int	sh_execute_latest(SPIPlanPtr plan, Datum *args, const char *nulls,
 							  bool read_only, long count);
 
