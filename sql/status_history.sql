@@ -303,6 +303,21 @@ COMMENT ON FUNCTION status_history.reconnect(bigint, text, text[]) IS
     'Raises the fence of every object in scope to generation (and, without an object list, the database-wide or the replica''s floor) and re-stamps their current status so it sorts last; returns the appended rows.';
 
 -- ---------------------------------------------------------------------------
+-- Per-key state (object_id, replica_id): heartbeats and replicas.
+-- ---------------------------------------------------------------------------
+-- @@ per-key state (keys)
+
+-- ---------------------------------------------------------------------------
+-- Retention.
+-- ---------------------------------------------------------------------------
+-- @@ retention (prune)
+
+-- ---------------------------------------------------------------------------
+-- History questions.
+-- ---------------------------------------------------------------------------
+-- @@ history questions
+
+-- ---------------------------------------------------------------------------
 -- Privileges: everyone may read; writing and fencing are granted explicitly.
 -- ---------------------------------------------------------------------------
 REVOKE ALL ON ALL TABLES IN SCHEMA status_history FROM PUBLIC;

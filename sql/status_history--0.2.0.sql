@@ -1,0 +1,319 @@
+-- status_history install script.
+--
+-- `make` copies this file to status_history--<version>.sql, the version being
+-- the one in status_history.control.  Every name is schema-qualified and every
+-- function pins search_path, so a hostile search_path at CREATE EXTENSION time
+-- or at call time cannot redirect anything.
+
+\echo Use "CREATE EXTENSION status_history" to load this file. \quit
+
+-- ---------------------------------------------------------------------------
+-- The history: one row per report, never updated or deleted.
+-- ---------------------------------------------------------------------------
+CREATE TABLE status_history.history (
+    occurred_at timestamptz NOT NULL,
+    object_id   text        NOT NULL,
+    status      text        NOT NULL,
+    error       text,
+    details     jsonb,
+    replica_id  text,
+    generation  bigint      NOT NULL DEFAULT 0,
+    reported_at timestamptz,
+    stale       boolean     NOT NULL,   -- set by the insert trigger unless imported
+    CONSTRAINT history_pkey PRIMARY KEY (occurred_at)
+);
+CREATE INDEX history_object_idx
+    ON status_history.history (object_id, occurred_at DESC);
+CREATE INDEX history_replica_idx
+    ON status_history.history (replica_id, object_id, occurred_at DESC)
+    WHERE replica_id IS NOT NULL;
+
+COMMENT ON TABLE status_history.history IS
+    'Append-only history of status reports; rows are stamped by status_history.monotonic_now() and never change.';
+COMMENT ON COLUMN status_history.history.occurred_at IS
+    'Stamp from the database clock (status_history.monotonic_now()); unique, and the only ordering of reports.';
+COMMENT ON COLUMN status_history.history.object_id IS
+    'The object reported on (a source, sink, job or connector); never empty.';
+COMMENT ON COLUMN status_history.history.status IS
+    'One of starting, running, paused, stalled, ceased, dropped.';
+COMMENT ON COLUMN status_history.history.error IS
+    'Error text that came with the report, if any.';
+COMMENT ON COLUMN status_history.history.details IS
+    'Free-form details, e.g. {"hints": [...], "namespaced": {...}}.';
+COMMENT ON COLUMN status_history.history.replica_id IS
+    'The replica or deployment that reported; NULL for an object-wide event.';
+COMMENT ON COLUMN status_history.history.generation IS
+    'The reporter''s fence generation; a report below the object''s fence is recorded as stale.';
+COMMENT ON COLUMN status_history.history.reported_at IS
+    'The reporter''s own clock; informational, never used for ordering.';
+COMMENT ON COLUMN status_history.history.stale IS
+    'True when the report arrived below the object''s fence or a floor, or after it was dropped; a stale report never becomes current. Set by the extension; kept as given only on imports (occurred_at supplied).';
+
+-- ---------------------------------------------------------------------------
+-- Per-object state: the fence and a copy of the current report.  Written only
+-- by the insert trigger and reconnect(); it is what makes "current status of
+-- every object" cost one row per object rather than a pass over the history.
+-- ---------------------------------------------------------------------------
+CREATE TABLE status_history.objects (
+    object_id    text   NOT NULL PRIMARY KEY,
+    fence        bigint NOT NULL DEFAULT 0,
+    occurred_at  timestamptz,
+    status       text,
+    error        text,
+    details      jsonb,
+    replica_id   text,
+    generation   bigint,
+    reported_at  timestamptz,
+    status_since timestamptz
+) WITH (fillfactor = 50);   -- room on the page, so the frequent updates stay HOT
+
+COMMENT ON TABLE status_history.objects IS
+    'One row per object: its fence generation and a copy of its newest non-stale report. Maintained by the extension only.';
+COMMENT ON COLUMN status_history.objects.object_id IS 'The object.';
+COMMENT ON COLUMN status_history.objects.fence IS
+    'Fence generation raised by reconnect(); reports below it are stale.';
+COMMENT ON COLUMN status_history.objects.occurred_at IS
+    'Stamp of the current report; NULL while the object has no non-stale report.';
+COMMENT ON COLUMN status_history.objects.status IS 'Status of the current report.';
+COMMENT ON COLUMN status_history.objects.error IS 'Error of the current report.';
+COMMENT ON COLUMN status_history.objects.details IS 'Details of the current report.';
+COMMENT ON COLUMN status_history.objects.replica_id IS 'Replica of the current report.';
+COMMENT ON COLUMN status_history.objects.generation IS 'Generation of the current report.';
+COMMENT ON COLUMN status_history.objects.reported_at IS 'Reporter clock of the current report.';
+COMMENT ON COLUMN status_history.objects.status_since IS
+    'Stamp of the first report of the current unbroken run of this status.';
+
+-- The clock's persisted high-water mark, in microseconds since 2000-01-01 UTC.
+-- Stamps are never handed out above it, so after a crash the clock restarts
+-- above everything it handed out, even if the system clock stepped back.
+CREATE SEQUENCE status_history.clock_bound AS bigint MINVALUE 0 START 0;
+COMMENT ON SEQUENCE status_history.clock_bound IS
+    'Persisted upper bound of every stamp handed out (microseconds since 2000-01-01 UTC); maintained by the clock.';
+
+-- Generation floors: a reconnect() without an object list fences every
+-- object (replica_id NULL) or every object of one replica, including objects
+-- whose first report has not committed yet.
+CREATE TABLE status_history.floors (
+    replica_id text,
+    generation bigint NOT NULL DEFAULT 0,
+    CONSTRAINT floors_replica_key UNIQUE NULLS NOT DISTINCT (replica_id)
+);
+INSERT INTO status_history.floors (replica_id, generation) VALUES (NULL, 0);
+
+COMMENT ON TABLE status_history.floors IS
+    'Generation floors raised by reconnect() without an object list; a report below its floor is stale. Maintained by the extension only.';
+COMMENT ON COLUMN status_history.floors.replica_id IS
+    'The replica the floor applies to; NULL for the database-wide floor.';
+COMMENT ON COLUMN status_history.floors.generation IS
+    'Reports (of that replica, or any report for the NULL row) below this generation are stale.';
+
+-- pg_dump keeps the data of extension-owned tables only when asked to.
+-- The state and the fences are dumped too: a restore keeps them (fences are
+-- not derivable from the history), merging with what the history's restore
+-- rebuilds (the merge triggers below).  The clock's bound is not: restored
+-- rows are imports, and the clock continues above them.
+SELECT pg_catalog.pg_extension_config_dump('status_history.history', '');
+SELECT pg_catalog.pg_extension_config_dump('status_history.objects', '');
+SELECT pg_catalog.pg_extension_config_dump('status_history.floors', '');
+
+-- ---------------------------------------------------------------------------
+-- The clock.
+-- ---------------------------------------------------------------------------
+CREATE FUNCTION status_history.monotonic_now()
+RETURNS timestamptz
+AS 'MODULE_PATHNAME', 'status_history_monotonic_now'
+LANGUAGE C VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION status_history.monotonic_now() IS
+    'greatest(clock_timestamp(), last stamp + 1 microsecond): unique and increasing across sessions, restarts, crashes and clock steps.';
+
+-- ---------------------------------------------------------------------------
+-- Triggers: stamping and fencing on insert; refusing every other change.
+-- ---------------------------------------------------------------------------
+CREATE FUNCTION status_history.history_insert_trigger()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'status_history_insert_trigger'
+LANGUAGE C
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION status_history.history_insert_trigger() IS
+    'Validates a report, serializes it per object, stamps it, marks it stale when fenced, and keeps the object''s current report.';
+
+CREATE FUNCTION status_history.history_statement_trigger()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'status_history_statement_trigger'
+LANGUAGE C
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION status_history.history_statement_trigger() IS
+    'Writes back the per-object state an INSERT statement changed, once per object rather than once per report.';
+
+CREATE FUNCTION status_history.objects_guard()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'status_history_objects_guard'
+LANGUAGE C
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION status_history.objects_guard() IS
+    'Before any statement on status_history.objects or floors not issued by the extension itself, writes back and forgets the cached per-object state and floors.';
+
+CREATE FUNCTION status_history.history_refuse_change()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'status_history_refuse_change'
+LANGUAGE C
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION status_history.history_refuse_change() IS
+    'Refuses UPDATE, DELETE and TRUNCATE on the append-only history.';
+
+CREATE TRIGGER history_insert
+    BEFORE INSERT ON status_history.history
+    FOR EACH ROW EXECUTE FUNCTION status_history.history_insert_trigger();
+CREATE TRIGGER history_statement_end
+    AFTER INSERT ON status_history.history
+    FOR EACH STATEMENT EXECUTE FUNCTION status_history.history_statement_trigger();
+CREATE TRIGGER history_refuse_change
+    BEFORE UPDATE OR DELETE OR TRUNCATE ON status_history.history
+    FOR EACH STATEMENT EXECUTE FUNCTION status_history.history_refuse_change();
+
+-- Fire even under session_replication_role = replica.
+ALTER TABLE status_history.history ENABLE ALWAYS TRIGGER history_insert;
+ALTER TABLE status_history.history ENABLE ALWAYS TRIGGER history_statement_end;
+ALTER TABLE status_history.history ENABLE ALWAYS TRIGGER history_refuse_change;
+
+CREATE TRIGGER objects_guard
+    BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON status_history.objects
+    FOR EACH STATEMENT EXECUTE FUNCTION status_history.objects_guard();
+ALTER TABLE status_history.objects ENABLE ALWAYS TRIGGER objects_guard;
+
+CREATE FUNCTION status_history.restore_merge()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'status_history_restore_merge'
+LANGUAGE C
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION status_history.restore_merge() IS
+    'Rows inserted into objects or floors by anyone but the extension (a restore) are merged with what exists: fences and floors keep the higher generation.';
+
+CREATE TRIGGER objects_restore_merge
+    BEFORE INSERT ON status_history.objects
+    FOR EACH ROW EXECUTE FUNCTION status_history.restore_merge();
+ALTER TABLE status_history.objects ENABLE ALWAYS TRIGGER objects_restore_merge;
+CREATE TRIGGER floors_restore_merge
+    BEFORE INSERT ON status_history.floors
+    FOR EACH ROW EXECUTE FUNCTION status_history.restore_merge();
+ALTER TABLE status_history.floors ENABLE ALWAYS TRIGGER floors_restore_merge;
+CREATE TRIGGER floors_guard
+    BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON status_history.floors
+    FOR EACH STATEMENT EXECUTE FUNCTION status_history.objects_guard();
+ALTER TABLE status_history.floors ENABLE ALWAYS TRIGGER floors_guard;
+
+-- ---------------------------------------------------------------------------
+-- Writing.
+-- ---------------------------------------------------------------------------
+CREATE FUNCTION status_history.report(
+    object_id   text,
+    status      text,
+    error       text        DEFAULT NULL,
+    details     jsonb       DEFAULT NULL,
+    replica_id  text        DEFAULT NULL,
+    generation  bigint      DEFAULT 0,
+    reported_at timestamptz DEFAULT NULL)
+RETURNS status_history.history
+AS 'MODULE_PATHNAME', 'status_history_report'
+LANGUAGE C VOLATILE
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION status_history.report(text, text, text, jsonb, text, bigint, timestamptz) IS
+    'Appends one report stamped by the database clock and returns the stored row (stale when fenced).';
+
+CREATE FUNCTION status_history.report_many(
+    object_ids  text[],
+    statuses    text[],
+    errors      text[]        DEFAULT NULL,
+    details     jsonb[]       DEFAULT NULL,
+    replica_ids text[]        DEFAULT NULL,
+    generations bigint[]      DEFAULT NULL,
+    reported_at timestamptz[] DEFAULT NULL)
+RETURNS SETOF status_history.history
+AS 'MODULE_PATHNAME', 'status_history_report_many'
+LANGUAGE C VOLATILE
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION status_history.report_many(text[], text[], text[], jsonb[], text[], bigint[], timestamptz[]) IS
+    'Appends a batch of reports (element i of each array is report i) after locking their objects in one fixed order, so that batches never deadlock; returns the stored rows.';
+
+-- ---------------------------------------------------------------------------
+-- Reading.
+-- ---------------------------------------------------------------------------
+CREATE FUNCTION status_history.latest(
+    object_ids      text[]  DEFAULT NULL,
+    include_dropped boolean DEFAULT false)
+RETURNS SETOF status_history.history
+AS 'MODULE_PATHNAME', 'status_history_latest'
+LANGUAGE C STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION status_history.latest(text[], boolean) IS
+    'For each object (or each listed one), its newest non-stale report; dropped objects only when include_dropped.';
+
+CREATE VIEW status_history.statuses AS
+    SELECT o.object_id,
+           o.status,
+           o.error,
+           o.details,
+           o.replica_id,
+           o.generation,
+           o.occurred_at,
+           o.status_since,
+           o.reported_at,
+           o.fence
+      FROM status_history.objects AS o
+     WHERE o.occurred_at IS NOT NULL
+       AND o.status OPERATOR(pg_catalog.<>) 'dropped';
+
+COMMENT ON VIEW status_history.statuses IS
+    'Current status of every object that is not dropped; WHERE object_id = ... is a primary-key lookup.';
+COMMENT ON COLUMN status_history.statuses.object_id IS 'The object.';
+COMMENT ON COLUMN status_history.statuses.status IS 'Current status.';
+COMMENT ON COLUMN status_history.statuses.error IS 'Error of the current report.';
+COMMENT ON COLUMN status_history.statuses.details IS 'Details of the current report.';
+COMMENT ON COLUMN status_history.statuses.replica_id IS 'Replica of the current report.';
+COMMENT ON COLUMN status_history.statuses.generation IS 'Generation of the current report.';
+COMMENT ON COLUMN status_history.statuses.occurred_at IS 'Stamp of the current report.';
+COMMENT ON COLUMN status_history.statuses.status_since IS
+    'When the object entered its current status (first report of the current unbroken run).';
+COMMENT ON COLUMN status_history.statuses.reported_at IS 'Reporter clock of the current report.';
+COMMENT ON COLUMN status_history.statuses.fence IS 'The object''s fence generation.';
+
+-- ---------------------------------------------------------------------------
+-- Fencing.
+-- ---------------------------------------------------------------------------
+CREATE FUNCTION status_history.reconnect(
+    generation bigint,
+    replica_id text   DEFAULT NULL,
+    object_ids text[] DEFAULT NULL)
+RETURNS SETOF status_history.history
+AS 'MODULE_PATHNAME', 'status_history_reconnect'
+LANGUAGE C VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION status_history.reconnect(bigint, text, text[]) IS
+    'Raises the fence of every object in scope to generation (and, without an object list, the database-wide or the replica''s floor) and re-stamps their current status so it sorts last; returns the appended rows.';
+
+-- ---------------------------------------------------------------------------
+-- Privileges: everyone may read; writing and fencing are granted explicitly.
+-- ---------------------------------------------------------------------------
+REVOKE ALL ON ALL TABLES IN SCHEMA status_history FROM PUBLIC;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA status_history FROM PUBLIC;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA status_history FROM PUBLIC;
+GRANT USAGE ON SCHEMA status_history TO PUBLIC;
+GRANT SELECT ON status_history.history, status_history.objects, status_history.floors,
+                status_history.statuses TO PUBLIC;
+GRANT EXECUTE ON FUNCTION status_history.latest(text[], boolean) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION status_history.monotonic_now() TO PUBLIC;
+GRANT EXECUTE ON FUNCTION status_history.report(text, text, text, jsonb, text, bigint, timestamptz) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION status_history.report_many(text[], text[], text[], jsonb[], text[], bigint[], timestamptz[]) TO PUBLIC;
+-- Writing needs INSERT on status_history.history (granted per role); fencing
+-- needs EXECUTE on reconnect().  Trigger functions need no grant to fire.
