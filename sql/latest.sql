@@ -81,7 +81,7 @@ SELECT (SELECT status FROM status_history.statuses WHERE object_id = 'obj-1')
 -- status_since moves only when the status changes.
 SELECT stale FROM status_history.report('since', 'running', generation => 8);
 CREATE TEMP TABLE first_run AS SELECT occurred_at FROM status_history.statuses WHERE object_id = 'since';
-SELECT stale FROM status_history.report('since', 'running', generation => 8);
+SELECT stale FROM status_history.report('since', 'running', error => 'slow', generation => 8);
 SELECT s.status_since = f.occurred_at AS since_kept, s.occurred_at > f.occurred_at AS newer_report
   FROM status_history.statuses s, first_run f WHERE s.object_id = 'since';
 SELECT stale FROM status_history.report('since', 'stalled', generation => 8);

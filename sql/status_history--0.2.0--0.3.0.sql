@@ -9,6 +9,105 @@
 \echo Use "ALTER EXTENSION status_history UPDATE TO '0.3.0'" to load this file. \quit
 
 -- @@ per-key state (keys)
+CREATE TABLE status_history.replica_state (
+    object_id    text        NOT NULL,
+    replica_id   text,
+    last_at      timestamptz NOT NULL,
+    last_seen_at timestamptz NOT NULL,
+    occurred_at  timestamptz,
+    status       text,
+    status_since timestamptz,
+    CONSTRAINT replica_state_key UNIQUE NULLS NOT DISTINCT (object_id, replica_id)
+) WITH (fillfactor = 50);   -- heartbeats update it in place (HOT)
+
+COMMENT ON TABLE status_history.replica_state IS
+    'One row per key (object_id, replica_id): its newest row, when it last reported (repeats included) and its newest non-stale report. Maintained by the extension only.';
+COMMENT ON COLUMN status_history.replica_state.object_id IS 'The object.';
+COMMENT ON COLUMN status_history.replica_state.replica_id IS
+    'The replica; NULL is the key of the object''s reports without a replica.';
+COMMENT ON COLUMN status_history.replica_state.last_at IS
+    'Stamp of the key''s newest row in the history, stale or not.';
+COMMENT ON COLUMN status_history.replica_state.last_seen_at IS
+    'When the key last reported anything: the stamp of its newest row, or later when it repeated that row (a repeat appends no row).';
+COMMENT ON COLUMN status_history.replica_state.occurred_at IS
+    'Stamp of the key''s newest non-stale report; NULL when it has none.';
+COMMENT ON COLUMN status_history.replica_state.status IS 'Status of that report.';
+COMMENT ON COLUMN status_history.replica_state.status_since IS
+    'Stamp of the first report of the key''s current unbroken run of that status.';
+
+SELECT pg_catalog.pg_extension_config_dump('status_history.replica_state', '');
+
+-- Back-fill: each key's state from the history (brute force, the definition).
+-- A 0.2.0 history has no repeats, so last_seen_at is the newest row's stamp.
+INSERT INTO status_history.replica_state
+    (object_id, replica_id, last_at, last_seen_at, occurred_at, status, status_since)
+WITH last AS (
+    SELECT object_id, replica_id, pg_catalog.max(occurred_at) AS at
+      FROM status_history.history GROUP BY object_id, replica_id
+), cur AS (
+    SELECT DISTINCT ON (object_id, replica_id) object_id, replica_id, occurred_at, status
+      FROM status_history.history WHERE NOT stale
+     ORDER BY object_id, replica_id, occurred_at DESC
+), ns AS (
+    SELECT object_id, replica_id, occurred_at, status,
+           pg_catalog.lag(status) OVER (PARTITION BY object_id, replica_id ORDER BY occurred_at) AS prev
+      FROM status_history.history WHERE NOT stale
+), runs AS (
+    SELECT object_id, replica_id, pg_catalog.max(occurred_at) AS since
+      FROM ns WHERE prev IS DISTINCT FROM status GROUP BY object_id, replica_id
+)
+SELECT l.object_id, l.replica_id, l.at, l.at, c.occurred_at, c.status, r.since
+  FROM last AS l
+  LEFT JOIN cur AS c
+    ON c.object_id OPERATOR(pg_catalog.=) l.object_id AND c.replica_id IS NOT DISTINCT FROM l.replica_id
+  LEFT JOIN runs AS r
+    ON r.object_id OPERATOR(pg_catalog.=) l.object_id AND r.replica_id IS NOT DISTINCT FROM l.replica_id;
+
+CREATE TRIGGER replica_state_guard
+    BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON status_history.replica_state
+    FOR EACH STATEMENT EXECUTE FUNCTION status_history.objects_guard();
+ALTER TABLE status_history.replica_state ENABLE ALWAYS TRIGGER replica_state_guard;
+CREATE TRIGGER replica_state_restore_merge
+    BEFORE INSERT ON status_history.replica_state
+    FOR EACH ROW EXECUTE FUNCTION status_history.restore_merge();
+ALTER TABLE status_history.replica_state ENABLE ALWAYS TRIGGER replica_state_restore_merge;
+
+CREATE VIEW status_history.replica_statuses AS
+    SELECT k.object_id,
+           k.replica_id,
+           h.status,
+           h.error,
+           h.details,
+           h.generation,
+           k.occurred_at,
+           k.status_since,
+           h.reported_at,
+           k.last_at,
+           k.last_seen_at
+      FROM status_history.replica_state AS k
+      LEFT JOIN status_history.history AS h
+        ON h.occurred_at OPERATOR(pg_catalog.=) k.occurred_at;
+
+COMMENT ON VIEW status_history.replica_statuses IS
+    'One row per key (object_id, replica_id): its newest non-stale report, and when it last reported; WHERE object_id = ... is an index lookup.';
+COMMENT ON COLUMN status_history.replica_statuses.object_id IS 'The object.';
+COMMENT ON COLUMN status_history.replica_statuses.replica_id IS 'The replica (NULL: reports without one).';
+COMMENT ON COLUMN status_history.replica_statuses.status IS
+    'Status of the key''s newest non-stale report; NULL when it has only stale ones.';
+COMMENT ON COLUMN status_history.replica_statuses.error IS 'Error of that report.';
+COMMENT ON COLUMN status_history.replica_statuses.details IS 'Details of that report.';
+COMMENT ON COLUMN status_history.replica_statuses.generation IS 'Generation of that report.';
+COMMENT ON COLUMN status_history.replica_statuses.occurred_at IS 'Stamp of that report.';
+COMMENT ON COLUMN status_history.replica_statuses.status_since IS
+    'When the key entered that status (first report of its current unbroken run).';
+COMMENT ON COLUMN status_history.replica_statuses.reported_at IS 'Reporter clock of that report.';
+COMMENT ON COLUMN status_history.replica_statuses.last_at IS
+    'Stamp of the key''s newest row, stale or not.';
+COMMENT ON COLUMN status_history.replica_statuses.last_seen_at IS
+    'When the key last reported anything, repeats included (heartbeats).';
+
+REVOKE ALL ON status_history.replica_state, status_history.replica_statuses FROM PUBLIC;
+GRANT SELECT ON status_history.replica_state, status_history.replica_statuses TO PUBLIC;
 
 -- @@ retention (prune)
 

@@ -306,6 +306,76 @@ COMMENT ON FUNCTION status_history.reconnect(bigint, text, text[]) IS
 -- Per-key state (object_id, replica_id): heartbeats and replicas.
 -- ---------------------------------------------------------------------------
 -- @@ per-key state (keys)
+CREATE TABLE status_history.replica_state (
+    object_id    text        NOT NULL,
+    replica_id   text,
+    last_at      timestamptz NOT NULL,
+    last_seen_at timestamptz NOT NULL,
+    occurred_at  timestamptz,
+    status       text,
+    status_since timestamptz,
+    CONSTRAINT replica_state_key UNIQUE NULLS NOT DISTINCT (object_id, replica_id)
+) WITH (fillfactor = 50);   -- heartbeats update it in place (HOT)
+
+COMMENT ON TABLE status_history.replica_state IS
+    'One row per key (object_id, replica_id): its newest row, when it last reported (repeats included) and its newest non-stale report. Maintained by the extension only.';
+COMMENT ON COLUMN status_history.replica_state.object_id IS 'The object.';
+COMMENT ON COLUMN status_history.replica_state.replica_id IS
+    'The replica; NULL is the key of the object''s reports without a replica.';
+COMMENT ON COLUMN status_history.replica_state.last_at IS
+    'Stamp of the key''s newest row in the history, stale or not.';
+COMMENT ON COLUMN status_history.replica_state.last_seen_at IS
+    'When the key last reported anything: the stamp of its newest row, or later when it repeated that row (a repeat appends no row).';
+COMMENT ON COLUMN status_history.replica_state.occurred_at IS
+    'Stamp of the key''s newest non-stale report; NULL when it has none.';
+COMMENT ON COLUMN status_history.replica_state.status IS 'Status of that report.';
+COMMENT ON COLUMN status_history.replica_state.status_since IS
+    'Stamp of the first report of the key''s current unbroken run of that status.';
+
+SELECT pg_catalog.pg_extension_config_dump('status_history.replica_state', '');
+
+CREATE TRIGGER replica_state_guard
+    BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON status_history.replica_state
+    FOR EACH STATEMENT EXECUTE FUNCTION status_history.objects_guard();
+ALTER TABLE status_history.replica_state ENABLE ALWAYS TRIGGER replica_state_guard;
+CREATE TRIGGER replica_state_restore_merge
+    BEFORE INSERT ON status_history.replica_state
+    FOR EACH ROW EXECUTE FUNCTION status_history.restore_merge();
+ALTER TABLE status_history.replica_state ENABLE ALWAYS TRIGGER replica_state_restore_merge;
+
+CREATE VIEW status_history.replica_statuses AS
+    SELECT k.object_id,
+           k.replica_id,
+           h.status,
+           h.error,
+           h.details,
+           h.generation,
+           k.occurred_at,
+           k.status_since,
+           h.reported_at,
+           k.last_at,
+           k.last_seen_at
+      FROM status_history.replica_state AS k
+      LEFT JOIN status_history.history AS h
+        ON h.occurred_at OPERATOR(pg_catalog.=) k.occurred_at;
+
+COMMENT ON VIEW status_history.replica_statuses IS
+    'One row per key (object_id, replica_id): its newest non-stale report, and when it last reported; WHERE object_id = ... is an index lookup.';
+COMMENT ON COLUMN status_history.replica_statuses.object_id IS 'The object.';
+COMMENT ON COLUMN status_history.replica_statuses.replica_id IS 'The replica (NULL: reports without one).';
+COMMENT ON COLUMN status_history.replica_statuses.status IS
+    'Status of the key''s newest non-stale report; NULL when it has only stale ones.';
+COMMENT ON COLUMN status_history.replica_statuses.error IS 'Error of that report.';
+COMMENT ON COLUMN status_history.replica_statuses.details IS 'Details of that report.';
+COMMENT ON COLUMN status_history.replica_statuses.generation IS 'Generation of that report.';
+COMMENT ON COLUMN status_history.replica_statuses.occurred_at IS 'Stamp of that report.';
+COMMENT ON COLUMN status_history.replica_statuses.status_since IS
+    'When the key entered that status (first report of its current unbroken run).';
+COMMENT ON COLUMN status_history.replica_statuses.reported_at IS 'Reporter clock of that report.';
+COMMENT ON COLUMN status_history.replica_statuses.last_at IS
+    'Stamp of the key''s newest row, stale or not.';
+COMMENT ON COLUMN status_history.replica_statuses.last_seen_at IS
+    'When the key last reported anything, repeats included (heartbeats).';
 
 -- ---------------------------------------------------------------------------
 -- Retention.
@@ -325,7 +395,8 @@ REVOKE ALL ON ALL SEQUENCES IN SCHEMA status_history FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA status_history FROM PUBLIC;
 GRANT USAGE ON SCHEMA status_history TO PUBLIC;
 GRANT SELECT ON status_history.history, status_history.objects, status_history.floors,
-                status_history.statuses TO PUBLIC;
+                status_history.statuses, status_history.replica_state,
+                status_history.replica_statuses TO PUBLIC;
 GRANT EXECUTE ON FUNCTION status_history.latest(text[], boolean) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION status_history.monotonic_now() TO PUBLIC;
 GRANT EXECUTE ON FUNCTION status_history.report(text, text, text, jsonb, text, bigint, timestamptz) TO PUBLIC;

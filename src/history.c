@@ -203,6 +203,9 @@ validate_report(Datum *values, bool *nulls, const HistoryColumns *cols)
  */
 static int	max_import_lead = 10000;
 
+/* status_history.deduplicate: a repeat appends no row, it moves last_seen_at. */
+static bool deduplicate = true;
+
 static void history_relcache_callback(Datum arg, Oid relid);
 
 /*
@@ -273,6 +276,10 @@ sh_history_init(void)
 							"-1 allows any stamp; a stamp far ahead holds every later stamp back until then.",
 							&max_import_lead, 10000, -1, INT_MAX,
 							PGC_USERSET, GUC_UNIT_MS, NULL, NULL, NULL);
+	DefineCustomBoolVariable("status_history.deduplicate",
+							 "A report that repeats its key's newest row appends no row.",
+							 "It moves the key's last_seen_at instead; off records every report.",
+							 &deduplicate, true, PGC_USERSET, 0, NULL, NULL, NULL);
 }
 
 /*
@@ -364,6 +371,74 @@ history_relcache_callback(Datum arg, Oid relid)
 		skip_valid = false;
 }
 
+/* Two nullable column values are equal (texts byte for byte, jsonb as jsonb). */
+static bool
+same_value(Datum a, bool a_null, Datum b, bool b_null, PGFunction eq)
+{
+	if (a_null || b_null)
+		return a_null && b_null;
+	return DatumGetBool(DirectFunctionCall2Coll(eq, C_COLLATION_OID, a, b));
+}
+
+/*
+ * Does the report equal the stored row at stamp in status, error, details
+ * and generation (and, when check_stale, in stale)?  The row's copy goes to
+ * *row when asked for.
+ */
+static bool
+same_report(Relation rel, TimestampTz stamp, Datum *values, bool *nulls, const HistoryColumns *cols,
+			bool check_stale, bool stale, HeapTuple *row)
+{
+	TupleTableSlot *slot = table_slot_create(rel, NULL);
+	bool		same = false;
+
+	if (sh_history_find_stamp(rel, stamp, slot))
+	{
+		bool		isnull;
+		bool		n1,
+					n2;
+		Datum		status = slot_getattr(slot, cols->status + 1, &isnull);
+		Datum		error = slot_getattr(slot, cols->error + 1, &n1);
+		Datum		details = slot_getattr(slot, cols->details + 1, &n2);
+		Datum		generation = slot_getattr(slot, cols->generation + 1, &isnull);
+		Datum		row_stale = slot_getattr(slot, cols->stale + 1, &isnull);
+
+		same = same_value(status, false, values[cols->status], false, texteq) &&
+			same_value(error, n1, values[cols->error], nulls[cols->error], texteq) &&
+			same_value(details, n2, values[cols->details], nulls[cols->details], jsonb_eq) &&
+			DatumGetInt64(generation) == DatumGetInt64(values[cols->generation]) &&
+			(!check_stale || DatumGetBool(row_stale) == stale);
+		if (same && row != NULL)
+			*row = ExecCopySlotHeapTuple(slot);
+	}
+	ExecDropSingleTupleTableSlot(slot);
+	return same;
+}
+
+/*
+ * A repeat: the report equals its key's newest row (stale flag included)
+ * and, unless stale, the object's current report too (so that an old
+ * deployment's repeated stalled after the new one's running still becomes
+ * current).  Returns the row it repeats, or NULL.
+ */
+static HeapTuple
+repeat_of(Relation rel, const ShObjectState *state, const ShKeyState *key,
+		  Datum *values, bool *nulls, const HistoryColumns *cols, bool stale)
+{
+	HeapTuple	row = NULL;
+
+	if (key->last_at == 0 ||
+		!same_report(rel, key->last_at, values, nulls, cols, true, stale, &row))
+		return NULL;
+	if (stale || (state->has_current && state->current_at == key->last_at))
+		return row;
+	if (state->has_current &&
+		same_report(rel, state->current_at, values, nulls, cols, false, false, NULL))
+		return row;
+	heap_freetuple(row);
+	return NULL;
+}
+
 /* SQL: BEFORE INSERT FOR EACH ROW on status_history.history */
 Datum
 status_history_insert_trigger(PG_FUNCTION_ARGS)
@@ -381,6 +456,8 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 	TimestampTz stamp;
 	char		status[16];
 	ShObjectState *state;
+	ShKeyState *key = NULL;
+	bool		may_skip;
 
 	check_trigger_call(fcinfo, "history_insert_trigger");
 	if (!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) ||
@@ -429,6 +506,25 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 			(state->has_current && stamp < state->current_at &&
 			 strcmp(status, "dropped") == 0);
 
+	may_skip = imported || rows_may_skip(rel);
+	if (sh_keys_enabled())
+	{
+		key = sh_objects_key(state, values[cols.replica_id], nulls[cols.replica_id]);
+		if (deduplicate && !imported && !sh_fence_in_reconnect())
+		{
+			HeapTuple	repeated = repeat_of(rel, state, key, values, nulls, &cols, stale);
+
+			if (repeated != NULL)
+			{
+				/* No row: the key was seen (report() returns the row repeated). */
+				sh_objects_key_seen(state, key, stamp);
+				capture_row(repeated);
+				return PointerGetDatum(NULL);
+			}
+		}
+		sh_objects_key_report(state, key, stamp, stale, status, may_skip);
+	}
+
 	if (!stale)
 	{
 		if (!state->has_current || stamp > state->current_at)
@@ -442,8 +538,7 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 				report.values[i] = values[cols_of[i]];
 				report.nulls[i] = nulls[cols_of[i]];
 			}
-			sh_objects_set_current(state, stamp, status, &report,
-								   imported || rows_may_skip(rel));
+			sh_objects_set_current(state, stamp, status, &report, may_skip);
 		}
 		else
 			/* An import into the past may break the current run of a status. */

@@ -95,6 +95,9 @@ typedef struct UndoImage
 	bool		dirty;
 	bool		recompute;
 	ShObjectState state;
+	ShKeyState *keys;			/* a copy of the entry's keys */
+	int			nkeys;
+	bool		keys_recompute;
 } UndoImage;
 
 typedef struct CachedObject
@@ -105,6 +108,10 @@ typedef struct CachedObject
 	bool		dirty;			/* current report changed, not yet written */
 	bool		recompute;		/* write back by recomputing from the history */
 	ShObjectState state;
+	ShKeyState *keys;			/* the keys of this object used so far */
+	int			nkeys;
+	int			maxkeys;
+	bool		keys_recompute; /* write its keys back by recomputing them */
 	UndoImage  *undo;			/* newest first, levels strictly decreasing */
 	dlist_node	dirty_node;		/* in dirty_list while dirty */
 	dlist_node	nested_node;	/* in nested_list while lock_level > 1 or undo */
@@ -532,8 +539,35 @@ entry_save(CachedObject *entry)
 	img->dirty = entry->dirty;
 	img->recompute = entry->recompute;
 	img->state = entry->state;
+	img->nkeys = entry->nkeys;
+	img->keys = entry->nkeys == 0 ? NULL :
+		MemoryContextAlloc(cache_context, entry->nkeys * sizeof(ShKeyState));
+	if (entry->nkeys > 0)
+		memcpy(img->keys, entry->keys, entry->nkeys * sizeof(ShKeyState));
+	img->keys_recompute = entry->keys_recompute;
 	entry->undo = img;
 	track_nested(entry);
+}
+
+static void
+image_free(UndoImage *img)
+{
+	if (img->keys != NULL)
+		pfree(img->keys);
+	pfree(img);
+}
+
+/* Put the keys of an image back (the entry's own array goes). */
+static void
+keys_restore(CachedObject *entry, UndoImage *img)
+{
+	if (entry->keys != NULL)
+		pfree(entry->keys);
+	entry->keys = img->keys;
+	entry->nkeys = img->nkeys;
+	entry->maxkeys = img->nkeys;
+	entry->keys_recompute = img->keys_recompute;
+	img->keys = NULL;
 }
 
 static void
@@ -553,8 +587,10 @@ entry_remove(CachedObject *entry)
 		UndoImage  *img = entry->undo;
 
 		entry->undo = img->next;
-		pfree(img);
+		image_free(img);
 	}
+	if (entry->keys != NULL)
+		pfree(entry->keys);
 	hash_search(cache, &key, HASH_REMOVE, NULL);
 	pfree(key);
 }
@@ -578,7 +614,7 @@ cache_abort_level(int level)
 		while (entry->undo != NULL && entry->undo->level >= level)
 		{
 			if (restore != NULL)
-				pfree(restore);
+				image_free(restore);
 			restore = entry->undo;
 			entry->undo = restore->next;
 		}
@@ -587,8 +623,9 @@ cache_abort_level(int level)
 			entry->valid = restore->valid;
 			entry->recompute = restore->recompute;
 			entry->state = restore->state;
+			keys_restore(entry, restore);
 			set_dirty(entry, restore->dirty);
-			pfree(restore);
+			image_free(restore);
 		}
 		track_nested(entry);
 	}
@@ -615,7 +652,7 @@ cache_commit_level(int level)
 			{
 				/* The parent's own image is the older one: keep that. */
 				entry->undo = img->next;
-				pfree(img);
+				image_free(img);
 			}
 			else
 				img->level = level - 1;
@@ -629,7 +666,7 @@ cache_commit_level(int level)
 					UndoImage  *img = *link;
 
 					*link = img->next;
-					pfree(img);
+					image_free(img);
 				}
 				break;
 			}
@@ -651,6 +688,8 @@ cache_shrink(void)
 }
 
 /* ---- write-back ---- */
+
+static void write_objects(CachedObject **batch, int n);
 
 /* One column of the set-based write-back, as an array. */
 static Datum
@@ -788,9 +827,75 @@ write_many(CachedObject **entries, int n, SPIPlanPtr plan)
 	return SPI_processed == (uint64) n;
 }
 
+/*
+ * Write the keys of a batch of entries: from the cache, or, for an object one
+ * of whose rows may have been skipped or arrived in the past, recomputed from
+ * the history (its keys are then read again when next needed).
+ */
+static void
+write_keys(CachedObject **batch, int n)
+{
+	text	  **ids = NULL;
+	ShKeyState **keys = NULL;
+	int			m = 0;
+	int			max = 0;
+
+	for (int i = 0; i < n; i++)
+	{
+		CachedObject *entry = batch[i];
+
+		if (entry->keys_recompute)
+		{
+			sh_keys_recompute(entry->key, entry->keys, entry->nkeys);
+			entry->keys_recompute = false;
+			entry->nkeys = 0;
+			continue;
+		}
+		for (int k = 0; k < entry->nkeys; k++)
+		{
+			if (!entry->keys[k].dirty)
+				continue;
+			if (m == max)
+			{
+				max = Max(16, max * 2);
+				ids = ids ? repalloc(ids, max * sizeof(text *)) : palloc(max * sizeof(text *));
+				keys = keys ? repalloc(keys, max * sizeof(ShKeyState *)) : palloc(max * sizeof(ShKeyState *));
+			}
+			ids[m] = entry->key;
+			keys[m++] = &entry->keys[k];
+		}
+	}
+	if (m == 0)
+		return;
+	sh_keys_write(ids, keys, m);
+	for (int i = 0; i < m; i++)
+	{
+		keys[i]->dirty = false;
+		keys[i]->stored = true;
+	}
+	pfree(ids);
+	pfree(keys);
+}
+
 /* Write a batch of dirty entries; entries were saved for undo already. */
 static void
 write_batch(CachedObject **batch, int n)
+{
+	CachedObject **objects = palloc(n * sizeof(CachedObject *));
+	int			m = 0;
+
+	/* An entry may be dirty only because of its keys. */
+	for (int i = 0; i < n; i++)
+		if (batch[i]->recompute || batch[i]->state.pending > 0)
+			objects[m++] = batch[i];
+	write_objects(objects, m);
+	pfree(objects);
+	write_keys(batch, n);
+}
+
+/* Write the per-object rows of a batch of entries. */
+static void
+write_objects(CachedObject **batch, int n)
 {
 	int			plain = 0;
 
@@ -957,6 +1062,9 @@ sh_objects_lock(Datum object_id, int64 new_fence)
 		entry->state = state;
 		entry->undo = NULL;
 		entry->in_nested = false;
+		entry->keys = NULL;
+		entry->nkeys = entry->maxkeys = 0;
+		entry->keys_recompute = false;
 		track_nested(entry);
 	}
 	else if (!entry->valid)
@@ -967,6 +1075,10 @@ sh_objects_lock(Datum object_id, int64 new_fence)
 		entry_save(entry);
 		entry->state = state;
 		entry->valid = true;
+		/* Its keys are read again too (the image keeps the old array). */
+		entry->keys = NULL;
+		entry->nkeys = entry->maxkeys = 0;
+		entry->keys_recompute = false;
 	}
 	return &entry->state;
 }
@@ -1054,6 +1166,88 @@ sh_objects_raise_fences(Datum *ids, int n, int64 fence)
 	if (ret != SPI_OK_UPDATE || SPI_processed != (uint64) m)
 		elog(ERROR, "status_history: raising fences failed: %s", SPI_result_code_string(ret));
 	spi_end(&saved);
+}
+
+/*
+ * The state of one key of a locked object, read from its row on first use.
+ * The pointer is good until the next key of this object is added.
+ */
+ShKeyState *
+sh_objects_key(ShObjectState *state, Datum replica_id, bool replica_null)
+{
+	CachedObject *entry = entry_of(state);
+	text	   *replica = replica_null ? NULL : DatumGetTextPP(replica_id);
+	ShKeyState *key;
+
+	for (int i = 0; i < entry->nkeys; i++)
+	{
+		text	   *r = entry->keys[i].replica_id;
+
+		if (r == NULL ? replica == NULL :
+			(replica != NULL && sh_text_key_match(&r, &replica, 0) == 0))
+			return &entry->keys[i];
+	}
+	entry_save(entry);
+	if (entry->nkeys == entry->maxkeys)
+	{
+		entry->maxkeys = Max(4, entry->maxkeys * 2);
+		entry->keys = entry->keys == NULL ?
+			MemoryContextAlloc(cache_context, entry->maxkeys * sizeof(ShKeyState)) :
+			repalloc(entry->keys, entry->maxkeys * sizeof(ShKeyState));
+	}
+	key = &entry->keys[entry->nkeys++];
+	memset(key, 0, sizeof(ShKeyState));
+	if (replica != NULL)
+	{
+		MemoryContext old = MemoryContextSwitchTo(cache_context);
+
+		key->replica_id = (text *) DatumGetPointer(datumCopy(PointerGetDatum(replica), false, -1));
+		MemoryContextSwitchTo(old);
+	}
+	sh_keys_read(PointerGetDatum(entry->key), key);
+	return key;
+}
+
+/* A row of this key was stamped (stale or not); may_skip: it may yet be skipped. */
+void
+sh_objects_key_report(ShObjectState *state, ShKeyState *key, TimestampTz stamp,
+					  bool stale, const char *status, bool may_skip)
+{
+	CachedObject *entry = entry_of(state);
+
+	entry_save(entry);
+	key->last_at = Max(key->last_at, stamp);
+	key->last_seen_at = Max(key->last_seen_at, stamp);
+	if (!stale)
+	{
+		if (!key->has_current || stamp > key->current_at)
+		{
+			if (!key->has_current || strcmp(key->status, status) != 0)
+				key->status_since = stamp;
+			key->has_current = true;
+			key->current_at = stamp;
+			strlcpy(key->status, status, sizeof(key->status));
+		}
+		else
+			entry->keys_recompute = true;	/* a non-stale row in its past */
+	}
+	entry->keys_recompute |= may_skip;
+	key->dirty = true;
+	set_dirty(entry, true);
+	inflight = entry;
+	inflight_stamp = stamp;
+}
+
+/* The key reported again what it reported last (a repeat: no row). */
+void
+sh_objects_key_seen(ShObjectState *state, ShKeyState *key, TimestampTz seen)
+{
+	CachedObject *entry = entry_of(state);
+
+	entry_save(entry);
+	key->last_seen_at = Max(key->last_seen_at, seen);
+	key->dirty = true;
+	set_dirty(entry, true);
 }
 
 /* A non-stale row older than the current one arrived: rederive the state. */
@@ -1223,11 +1417,23 @@ status_history_objects_guard(PG_FUNCTION_ARGS)
 Datum
 status_history_restore_merge(PG_FUNCTION_ARGS)
 {
-	static SPIPlanPtr plans[2] = {NULL, NULL};
-	static Oid	plan_types[2] = {InvalidOid, InvalidOid};
+	/* Per table: keep the higher fence, the higher floor, the later last_seen_at. */
+	static const char *const merges[3] = {
+		"INSERT INTO status_history.objects AS o SELECT ($1).*"
+		"    ON CONFLICT (object_id) DO UPDATE"
+		"   SET fence = pg_catalog.int8larger(o.fence, excluded.fence)",
+		"INSERT INTO status_history.floors AS f SELECT ($1).*"
+		"    ON CONFLICT (replica_id) DO UPDATE"
+		"   SET generation = pg_catalog.int8larger(f.generation, excluded.generation)",
+		"INSERT INTO status_history.replica_state AS k SELECT ($1).*"
+		"    ON CONFLICT (object_id, replica_id) DO UPDATE"
+		"   SET last_seen_at = pg_catalog.timestamptz_larger(k.last_seen_at, excluded.last_seen_at)"
+	};
+	static SPIPlanPtr plans[3] = {NULL, NULL, NULL};
+	static Oid	plan_types[3] = {InvalidOid, InvalidOid, InvalidOid};
 	TriggerData *trigdata = (TriggerData *) fcinfo->context;
 	Relation	rel;
-	bool		objects;
+	int			which;
 	Datum		args[1];
 	Oid			types[1];
 	ShSavedUser saved;
@@ -1243,7 +1449,8 @@ status_history_restore_merge(PG_FUNCTION_ARGS)
 		return PointerGetDatum(trigdata->tg_trigtuple);
 
 	rel = trigdata->tg_relation;
-	objects = RelationGetRelid(rel) == sh_relation_oid("objects");
+	which = RelationGetRelid(rel) == sh_relation_oid("objects") ? 0 :
+		RelationGetRelid(rel) == sh_relation_oid("floors") ? 1 : 2;
 	/*
 	 * A parallel restore loads the history (whose trigger locks object rows
 	 * in history order) and this table (in its own order) at once: merge
@@ -1252,25 +1459,18 @@ status_history_restore_merge(PG_FUNCTION_ARGS)
 	LockRelationOid(RelationGetRelid(rel), ShareRowExclusiveLock);
 	types[0] = rel->rd_rel->reltype;
 	args[0] = heap_copy_tuple_as_datum(trigdata->tg_trigtuple, RelationGetDescr(rel));
-	plan = &plans[objects ? 0 : 1];
+	plan = &plans[which];
 	SPI_connect();
 	sh_become_owner(RelationGetRelid(rel), &saved);
 	/* The row type is the plan's parameter: a recreated extension has a new one. */
-	if (*plan != NULL && plan_types[objects ? 0 : 1] != types[0])
+	if (*plan != NULL && plan_types[which] != types[0])
 	{
 		SPI_freeplan(*plan);
 		*plan = NULL;
 	}
-	plan_types[objects ? 0 : 1] = types[0];
+	plan_types[which] = types[0];
 	if (*plan == NULL)
-		*plan = sh_prepare_kept(objects ?
-								"INSERT INTO status_history.objects AS o SELECT ($1).*"
-								"    ON CONFLICT (object_id) DO UPDATE"
-								"   SET fence = pg_catalog.int8larger(o.fence, excluded.fence)" :
-								"INSERT INTO status_history.floors AS f SELECT ($1).*"
-								"    ON CONFLICT (replica_id) DO UPDATE"
-								"   SET generation = pg_catalog.int8larger(f.generation, excluded.generation)",
-								1, types);
+		*plan = sh_prepare_kept(merges[which], 1, types);
 	ret = sh_execute_own(*plan, args, NULL);
 	if (ret != SPI_OK_INSERT)
 		elog(ERROR, "status_history: merging a restored row failed: %s", SPI_result_code_string(ret));

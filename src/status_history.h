@@ -4,6 +4,7 @@
  * module.c   loading, running SPI as the extension owner, kept SPI plans
  * clock.c    the monotonic clock (monotonic_now)
  * objects.c  per-object state: locking, the write-back cache and its undo log
+ * keys.c     per-key state (object_id, replica_id): reading, writing back, recomputing
  * fence.c    generation floors and reconnect()
  * history.c  the triggers on status_history.history, report() and report_many()
  * latest.c   the latest() set-returning function
@@ -61,7 +62,28 @@ typedef struct ShObjectState
 	bool		pending_may_skip;	/* one of them may have been skipped */
 } ShObjectState;
 
+/*
+ * The state of one key (object_id, replica_id), kept in its object's cache
+ * entry.  Stamps are 0 while there is none.
+ */
+typedef struct ShKeyState
+{
+	text	   *replica_id;		/* NULL: the key of reports without a replica */
+	bool		stored;			/* has a row in status_history.replica_state */
+	bool		dirty;			/* changed since the last write-back */
+	TimestampTz last_at;		/* stamp of its newest row, stale or not */
+	TimestampTz last_seen_at;	/* when it last reported, repeats included */
+	bool		has_current;	/* has a non-stale report */
+	TimestampTz current_at;		/* stamp of its newest non-stale report */
+	TimestampTz status_since;	/* start of that report's run of its status */
+	char		status[16];
+} ShKeyState;
+
 extern void sh_objects_init(void);
+extern ShKeyState *sh_objects_key(ShObjectState *state, Datum replica_id, bool replica_null);
+extern void sh_objects_key_report(ShObjectState *state, ShKeyState *key, TimestampTz stamp,
+								  bool stale, const char *status, bool may_skip);
+extern void sh_objects_key_seen(ShObjectState *state, ShKeyState *key, TimestampTz seen);
 extern ShObjectState *sh_objects_lock(Datum object_id, int64 new_fence);
 /* The columns of a report that the per-object state copies. */
 #define SH_REPORT_COLS 7		/* status, error, details, replica_id, generation, reported_at, object_id */
@@ -81,6 +103,12 @@ extern void sh_objects_row_begin(Datum object_id);
 extern int	sh_execute_own(SPIPlanPtr plan, Datum *args, const char *nulls);
 extern bool sh_own_write(void);
 extern void sh_objects_invalidate(void);
+
+/* keys.c */
+extern bool sh_keys_enabled(void);
+extern void sh_keys_read(Datum object_id, ShKeyState *key);
+extern void sh_keys_write(text **object_ids, ShKeyState **keys, int n);
+extern void sh_keys_recompute(text *object_id, ShKeyState *cached, int ncached);
 
 /* history.c */
 extern void sh_history_init(void);

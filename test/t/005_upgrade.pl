@@ -376,6 +376,13 @@ for my $v (@old)
 		"$v: per-object state after the upgrade equals what $current builds from the history (every column but "
 		  . join(', ', @{ $not_from_history{objects} }) . ')',
 		"objects built by $current from the history", "objects upgraded from $v", $obj_cols);
+	# The per-key state (new in 0.3.0) is back-filled the same way.
+	my $key_cols = columns($rebuilt, 'replica_state');
+	my $key_all = "COPY (SELECT $key_cols FROM status_history.replica_state"
+	  . ' ORDER BY object_id, replica_id NULLS FIRST) TO STDOUT';
+	same_text(q2($db, $key_all), q2($rebuilt, $key_all),
+		"$v: per-key state after the upgrade equals what $current builds from the history",
+		"replica_state built by $current from the history", "replica_state upgraded from $v", $key_cols);
 
 	# (c) the upgraded extension works
 	my $max = q2($db, 'SELECT max(occurred_at) FROM status_history.history');

@@ -45,13 +45,19 @@ q1('src', q{
 	VALUES (now() - interval '1 day', 'imported', 'running', 0),
 	       (now() + interval '2 seconds', 'imported', 'stalled', 0);
 	SELECT count(*) FROM status_history.reconnect(5);
+	-- A heartbeat: the repeat appends no row, only its last_seen_at says it came.
+	SELECT count(*) FROM status_history.report('hb', 'running', replica_id => 'r9', generation => 5);
+	SELECT count(*) FROM status_history.report('hb', 'running', replica_id => 'r9', generation => 5);
 });
+is(q1('src', "SELECT last_seen_at > last_at FROM status_history.replica_state WHERE object_id = 'hb'"), 't',
+	'the source has a key seen after its newest row (a repeat)');
 
 # What must survive, as text to compare.
 my %state_sql = (
 	history => 'SELECT * FROM status_history.history ORDER BY occurred_at',
 	objects => 'SELECT * FROM status_history.objects ORDER BY object_id',
 	floors  => 'SELECT * FROM status_history.floors ORDER BY replica_id NULLS FIRST',
+	keys    => 'SELECT * FROM status_history.replica_state ORDER BY object_id, replica_id NULLS FIRST',
 	latest  => 'SELECT * FROM status_history.latest(include_dropped => true) ORDER BY object_id');
 my %before = map { $_ => q1('src', $state_sql{$_}) } keys %state_sql;
 my $newest = q1('src', 'SELECT max(occurred_at) FROM status_history.history');

@@ -17,6 +17,9 @@ sub setup_workload
 	my ($node, $objects) = @_;
 	$node->safe_psql('postgres', qq{
 		CREATE EXTENSION IF NOT EXISTS status_history;
+		-- Every report of the counted scripts is a row (the heartbeat script
+		-- turns deduplication back on for itself).
+		ALTER DATABASE postgres SET status_history.deduplicate = off;
 		CREATE SEQUENCE gen_seq;
 		-- What every successful reconnect() appended, committed with it.
 		CREATE TABLE fence_log (generation bigint, object_id text, occurred_at timestamptz);
@@ -45,6 +48,11 @@ SELECT status_history.report('obj-' || :obj,
 \\sleep 20 ms
 \\set obj random(1, $objects)
 SELECT status_history.report('obj-' || :obj, 'dropped');
+});
+	# Heartbeats: one key per client repeating itself (mostly no rows).
+	write_file("$dir/heartbeat.sql", qq{
+SET status_history.deduplicate = on;
+SELECT status_history.report('hb-' || :client_id, 'running', NULL, NULL, 'w' || :client_id);
 });
 	# Several objects in one transaction, locked in bytewise (C) order.
 	write_file("$dir/multi.sql", qq{
@@ -99,7 +107,7 @@ sub write_file
 # (pgbench's per-script counts in a mixed run can miss a transaction).
 our @SCRIPTS = (
 	[ 'report.sql', 4, 1 ], [ 'multi.sql', 1, 3 ], [ 'savepoint.sql', 1, 2 ],
-	[ 'bulk.sql', 1, 20 ], [ 'drop.sql', 1, 1 ]);
+	[ 'bulk.sql', 1, 20 ], [ 'drop.sql', 1, 1 ], [ 'heartbeat.sql', 1, 0 ]);
 
 # Start the load in the background: the reporters' scripts and two
 # controllers (reconnect script), each a pgbench run of its own.  $limit is
@@ -187,8 +195,20 @@ sub check_invariants
 {
 	my ($node, $label, $acked, $exact) = @_;
 	my $rows = one($node, 'SELECT count(*) FROM status_history.history');
-	my $restamps = one($node, 'SELECT count(*) FROM fence_log');
-	my $reports = $rows - $restamps;
+	my $restamps = one($node, q{SELECT count(*) FROM fence_log WHERE object_id NOT LIKE 'hb-%'});
+	my $beats = one($node, q{SELECT count(*) FROM status_history.history WHERE object_id LIKE 'hb-%'});
+	my $reports = $rows - $restamps - $beats;
+
+	# A heartbeat key appends a row only when it stops being a repeat: its
+	# first report, and once after each re-stamp of it (then stale or not).
+	is( one($node, q{
+			SELECT count(*) FROM (
+				SELECT h.object_id, count(*) AS n,
+				       (SELECT count(*) FROM fence_log AS f WHERE f.object_id = h.object_id) AS copies
+				  FROM status_history.history AS h WHERE h.object_id LIKE 'hb-%'
+				 GROUP BY h.object_id) AS k
+			 WHERE n > 1 + 2 * copies}),
+		0, "$label: heartbeats appended at most one row per key and re-stamp ($beats rows)");
 
 	is(one($node, 'SELECT count(*) - count(DISTINCT occurred_at) FROM status_history.history'),
 		0, "$label: no two of $rows rows share an occurred_at");

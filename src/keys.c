@@ -1,0 +1,269 @@
+/*
+ * keys.c — per-key state in status_history.replica_state.  A key is an
+ * (object_id, replica_id) pair, a NULL replica_id being a key of its own.
+ * Each key's row holds the stamp of its newest row (stale or not), when it
+ * last reported anything (repeats included: a repeat appends no row), and
+ * the stamp and status_since of its newest non-stale report.
+ *
+ * The state lives in the object's cache entry (objects.c): the object's row
+ * lock covers its keys, and the undo log restores them with the object.
+ * This file reads a key's row, writes keys back, and recomputes an object's
+ * keys from the history when one of its rows may have been skipped.  The
+ * rule that turns a repeat into a heartbeat is in history.c.
+ */
+#include "postgres.h"
+
+#include "access/genam.h"
+#include "access/relscan.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/fmgroids.h"
+#include "utils/lsyscache.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
+
+#include "status_history.h"
+
+/* Is there a replica_state table (a database not yet updated from 0.2.0 has none)? */
+bool
+sh_keys_enabled(void)
+{
+	return OidIsValid(sh_relation_oid_if_exists("replica_state"));
+}
+
+static TimestampTz
+stamp_or_zero(TupleTableSlot *slot, AttrNumber att, bool *isnull)
+{
+	Datum		d = slot_getattr(slot, att, isnull);
+
+	return *isnull ? 0 : DatumGetTimestampTz(d);
+}
+
+/*
+ * Read the key's row (key->replica_id set by the caller) as of now: our own
+ * writes and everything committed.  The caller holds the object's row lock,
+ * so nobody else changes it meanwhile.
+ */
+void
+sh_keys_read(Datum object_id, ShKeyState *key)
+{
+	Relation	rel = table_open(sh_relation_oid("replica_state"), AccessShareLock);
+	Relation	index = index_open(sh_relation_oid("replica_state_key"), AccessShareLock);
+	TupleTableSlot *slot = table_slot_create(rel, NULL);
+	TupleDesc	desc = RelationGetDescr(rel);
+	Snapshot	snapshot;
+	IndexScanDesc scan;
+	ScanKeyData skeys[2];
+
+	CommandCounterIncrement();	/* see our own latest write */
+	snapshot = RegisterSnapshot(GetLatestSnapshot());
+	ScanKeyInit(&skeys[0], 1, BTEqualStrategyNumber, F_TEXTEQ, object_id);
+	skeys[0].sk_collation = index->rd_indcollation[0];
+	if (key->replica_id == NULL)
+	{
+		ScanKeyEntryInitialize(&skeys[1], SK_ISNULL | SK_SEARCHNULL, 2,
+							   InvalidStrategy, InvalidOid, InvalidOid, InvalidOid, (Datum) 0);
+	}
+	else
+	{
+		ScanKeyInit(&skeys[1], 2, BTEqualStrategyNumber, F_TEXTEQ,
+					PointerGetDatum(key->replica_id));
+		skeys[1].sk_collation = index->rd_indcollation[1];
+	}
+	scan = index_beginscan(rel, index, snapshot, 2, 0);
+	index_rescan(scan, skeys, 2, NULL, 0);
+	key->stored = index_getnext_slot(scan, ForwardScanDirection, slot);
+	if (key->stored)
+	{
+		bool		isnull;
+		AttrNumber	last_at = SPI_fnumber(desc, "last_at");
+		AttrNumber	seen = SPI_fnumber(desc, "last_seen_at");
+		AttrNumber	current = SPI_fnumber(desc, "occurred_at");
+		AttrNumber	since = SPI_fnumber(desc, "status_since");
+		AttrNumber	status = SPI_fnumber(desc, "status");
+
+		if (last_at <= 0 || seen <= 0 || current <= 0 || since <= 0 || status <= 0)
+			elog(ERROR, "status_history: a column is missing from status_history.replica_state");
+		key->last_at = stamp_or_zero(slot, last_at, &isnull);
+		key->last_seen_at = stamp_or_zero(slot, seen, &isnull);
+		key->current_at = stamp_or_zero(slot, current, &isnull);
+		key->has_current = !isnull;
+		key->status_since = stamp_or_zero(slot, since, &isnull);
+		if (key->has_current)
+		{
+			Datum		d = slot_getattr(slot, status, &isnull);
+
+			if (!isnull)
+				text_to_cstring_buffer(DatumGetTextPP(d), key->status, sizeof(key->status));
+		}
+	}
+	index_endscan(scan);
+	UnregisterSnapshot(snapshot);
+	ExecDropSingleTupleTableSlot(slot);
+	index_close(index, AccessShareLock);
+	table_close(rel, AccessShareLock);
+}
+
+/* The upsert both write-backs share: the cache's values win, last_seen_at only grows. */
+#define KEYS_UPSERT \
+	" ON CONFLICT (object_id, replica_id) DO UPDATE" \
+	"   SET last_at = excluded.last_at," \
+	"       last_seen_at = pg_catalog.timestamptz_larger(k.last_seen_at, excluded.last_seen_at)," \
+	"       occurred_at = excluded.occurred_at, status = excluded.status," \
+	"       status_since = excluded.status_since"
+
+/* One column of a set-based write, as an array. */
+static Datum
+key_array(Datum *elems, bool *nulls, int n, Oid elemtype)
+{
+	int16		typlen;
+	bool		typbyval;
+	char		typalign;
+	int			dims[1] = {n};
+	int			lbs[1] = {1};
+
+	get_typlenbyvalalign(elemtype, &typlen, &typbyval, &typalign);
+	return PointerGetDatum(construct_md_array(elems, nulls, 1, dims, lbs, elemtype,
+											  typlen, typbyval, typalign));
+}
+
+/*
+ * Write n keys from their cached values (inside SPI as the owner).  Every
+ * row they point at is stored: a key one of whose rows may have been
+ * skipped is recomputed instead (sh_keys_recompute).
+ */
+void
+sh_keys_write(text **object_ids, ShKeyState **keys, int n)
+{
+	static SPIPlanPtr plan = NULL;
+	Oid			types[7] = {TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZARRAYOID, TIMESTAMPTZARRAYOID,
+		TIMESTAMPTZARRAYOID, TEXTARRAYOID, TIMESTAMPTZARRAYOID};
+	Datum	   *elems = palloc(n * sizeof(Datum));
+	bool	   *nulls = palloc(n * sizeof(bool));
+	Datum		args[7];
+	int			ret;
+
+	if (plan == NULL)
+		plan = sh_prepare_kept("INSERT INTO status_history.replica_state AS k"
+							   " (object_id, replica_id, last_at, last_seen_at, occurred_at, status, status_since)"
+							   " SELECT * FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
+							   "   pg_catalog.unnest($3), pg_catalog.unnest($4), pg_catalog.unnest($5),"
+							   "   pg_catalog.unnest($6), pg_catalog.unnest($7))"
+							   KEYS_UPSERT,
+							   7, types);
+	for (int col = 0; col < 7; col++)
+	{
+		Oid			elemtype = (col == 0 || col == 1 || col == 5) ? TEXTOID : TIMESTAMPTZOID;
+
+		for (int i = 0; i < n; i++)
+		{
+			ShKeyState *k = keys[i];
+
+			nulls[i] = false;
+			switch (col)
+			{
+				case 0:
+					elems[i] = PointerGetDatum(object_ids[i]);
+					break;
+				case 1:
+					nulls[i] = k->replica_id == NULL;
+					elems[i] = PointerGetDatum(k->replica_id);
+					break;
+				case 2:
+					elems[i] = TimestampTzGetDatum(k->last_at);
+					break;
+				case 3:
+					elems[i] = TimestampTzGetDatum(Max(k->last_seen_at, k->last_at));
+					break;
+				case 4:
+					nulls[i] = !k->has_current;
+					elems[i] = TimestampTzGetDatum(k->current_at);
+					break;
+				case 5:
+					nulls[i] = !k->has_current;
+					elems[i] = k->has_current ? CStringGetTextDatum(k->status) : (Datum) 0;
+					break;
+				case 6:
+					nulls[i] = !k->has_current;
+					elems[i] = TimestampTzGetDatum(k->status_since);
+					break;
+			}
+		}
+		args[col] = key_array(elems, nulls, n, elemtype);
+	}
+	ret = sh_execute_own(plan, args, NULL);
+	if (ret != SPI_OK_INSERT)
+		elog(ERROR, "status_history: writing back %d keys failed: %s", n, SPI_result_code_string(ret));
+	for (int i = 0; i < 7; i++)
+		pfree(DatumGetPointer(args[i]));
+	pfree(elems);
+	pfree(nulls);
+}
+
+/*
+ * Recompute every key of one object from its history (brute force: the
+ * definition of the state), keeping the larger last_seen_at of the table,
+ * the cache (seen: its keys and their last_seen_at) and the newest row.
+ */
+void
+sh_keys_recompute(text *object_id, ShKeyState *cached, int ncached)
+{
+	static SPIPlanPtr plan = NULL;
+	Oid			types[3] = {TEXTOID, TEXTARRAYOID, TIMESTAMPTZARRAYOID};
+	Datum	   *elems = palloc(Max(ncached, 1) * sizeof(Datum));
+	bool	   *nulls = palloc(Max(ncached, 1) * sizeof(bool));
+	Datum		args[3];
+	int			ret;
+
+	if (plan == NULL)
+		plan = sh_prepare_kept(
+							   "WITH h AS (SELECT occurred_at, replica_id, status, stale"
+							   "             FROM status_history.history WHERE object_id OPERATOR(pg_catalog.=) $1),"
+							   " last AS (SELECT replica_id, pg_catalog.max(occurred_at) AS at FROM h GROUP BY replica_id),"
+							   " cur AS (SELECT DISTINCT ON (replica_id) replica_id, occurred_at, status"
+							   "           FROM h WHERE NOT stale ORDER BY replica_id, occurred_at DESC),"
+							   " run AS (SELECT c.replica_id, c.occurred_at, c.status,"
+							   "           (SELECT pg_catalog.min(s.occurred_at) FROM h AS s"
+							   "             WHERE s.replica_id IS NOT DISTINCT FROM c.replica_id AND NOT s.stale"
+							   "               AND s.occurred_at OPERATOR(pg_catalog.>) COALESCE("
+							   "                   (SELECT pg_catalog.max(b.occurred_at) FROM h AS b"
+							   "                     WHERE b.replica_id IS NOT DISTINCT FROM c.replica_id AND NOT b.stale"
+							   "                       AND b.status OPERATOR(pg_catalog.<>) c.status),"
+							   "                   '-infinity'::pg_catalog.timestamptz)) AS since"
+							   "           FROM cur AS c)"
+							   "INSERT INTO status_history.replica_state AS k"
+							   " (object_id, replica_id, last_at, last_seen_at, occurred_at, status, status_since)"
+							   " SELECT $1, l.replica_id, l.at,"
+							   "        pg_catalog.timestamptz_larger(l.at, COALESCE(seen.at, l.at)),"
+							   "        r.occurred_at, r.status, r.since"
+							   "   FROM last AS l"
+							   "   LEFT JOIN run AS r ON r.replica_id IS NOT DISTINCT FROM l.replica_id"
+							   "   LEFT JOIN ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3)) AS seen(replica_id, at)"
+							   "     ON seen.replica_id IS NOT DISTINCT FROM l.replica_id"
+							   KEYS_UPSERT,
+							   3, types);
+	args[0] = PointerGetDatum(object_id);
+	for (int i = 0; i < ncached; i++)
+	{
+		nulls[i] = cached[i].replica_id == NULL;
+		elems[i] = PointerGetDatum(cached[i].replica_id);
+	}
+	args[1] = key_array(elems, nulls, ncached, TEXTOID);
+	for (int i = 0; i < ncached; i++)
+	{
+		nulls[i] = false;
+		elems[i] = TimestampTzGetDatum(cached[i].last_seen_at);
+	}
+	args[2] = key_array(elems, nulls, ncached, TIMESTAMPTZOID);
+	ret = sh_execute_own(plan, args, NULL);
+	if (ret != SPI_OK_INSERT)
+		elog(ERROR, "status_history: recomputing an object's keys failed: %s",
+			 SPI_result_code_string(ret));
+	pfree(elems);
+	pfree(nulls);
+}
