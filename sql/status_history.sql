@@ -381,6 +381,19 @@ COMMENT ON COLUMN status_history.replica_statuses.last_seen_at IS
 -- Retention.
 -- ---------------------------------------------------------------------------
 -- @@ retention (prune)
+CREATE FUNCTION status_history.prune(
+    keep_last  integer  DEFAULT 5,
+    older_than interval DEFAULT NULL)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'status_history_prune'
+LANGUAGE C VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION status_history.prune(integer, interval) IS
+    'Removes old history: per object and replica all but the newest keep_last reports, and with older_than also those stamped before now() - older_than; never a key''s newest report, its newest non-stale report, or an object''s current report. Returns the number of rows removed.';
+
+-- Not for PUBLIC: grant EXECUTE to an admin role (README, Keeping the history bounded).
+REVOKE ALL ON FUNCTION status_history.prune(integer, interval) FROM PUBLIC;
 
 -- ---------------------------------------------------------------------------
 -- History questions.

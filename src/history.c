@@ -10,7 +10,8 @@
  * report (objects.c caches that and writes it back; the AFTER STATEMENT
  * trigger is the usual write-back point).  Only the table's owner may supply
  * occurred_at (import and restore); the clock then continues above it.
- * Another trigger refuses UPDATE, DELETE and TRUNCATE.
+ * Another trigger refuses UPDATE, DELETE and TRUNCATE (all but prune()'s
+ * own DELETE, see prune.c).
  */
 #include "postgres.h"
 
@@ -586,6 +587,9 @@ status_history_refuse_change(PG_FUNCTION_ARGS)
 	const char *what;
 
 	check_trigger_call(fcinfo, "history_refuse_change");
+	/* prune()'s own DELETE, and nothing it sets off (prune.c). */
+	if (sh_prune_take_delete() && TRIGGER_FIRED_BY_DELETE(trigdata->tg_event))
+		return PointerGetDatum(NULL);
 	if (TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event))
 		what = "UPDATE";
 	else if (TRIGGER_FIRED_BY_DELETE(trigdata->tg_event))

@@ -8,6 +8,7 @@
  * fence.c    generation floors and reconnect()
  * history.c  the triggers on status_history.history, report() and report_many()
  * latest.c   the latest() set-returning function
+ * prune.c    prune(): removing old history, and the one DELETE the history lets through
  */
 #ifndef STATUS_HISTORY_H
 #define STATUS_HISTORY_H
@@ -121,5 +122,8 @@ extern void sh_fence_forget_floors(void);
 extern bool sh_fence_in_reconnect(void);
 extern void sh_fence_note_report(void);
 extern int	sh_sort_ids(Datum *ids, int n);
+
+/* prune.c */
+extern bool sh_prune_take_delete(void);
 
 #endif							/* STATUS_HISTORY_H */

@@ -7,7 +7,7 @@ sh_packages=(
     make gcc
     postgresql-15 postgresql-server-dev-15 postgresql-common postgresql-contrib
     postgresql-15-pgtap libtap-parser-sourcehandler-pgtap-perl libipc-run-perl
-    valgrind postgresql-plperl-15
+    valgrind postgresql-plperl-15 postgresql-15-cron
 )
 
 sh_missing=()

@@ -8,7 +8,7 @@
 BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
 CREATE EXTENSION status_history;
-SELECT plan(44);
+SELECT plan(49);
 
 SELECT lives_ok($$SELECT status_history.report('e1', 'running', generation => 2)$$, 'a valid report');
 SELECT lives_ok($$SELECT status_history.reconnect(3, object_ids => ARRAY['e1'])$$, 'a valid reconnect');
@@ -86,6 +86,16 @@ SELECT throws_ok($$SELECT status_history.reconnect(4, object_ids => ARRAY['e1', 
 SELECT throws_ok($$SELECT status_history.reconnect(4, '')$$,
                  '22023', 'replica_id must not be empty');
 
+-- Retention.
+SELECT throws_ok($$SELECT status_history.prune(0)$$,
+                 '22023', 'keep_last must be at least 1');
+SELECT throws_ok($$SELECT status_history.prune(NULL)$$,
+                 '22023', 'keep_last must be at least 1');
+SELECT throws_ok($$SELECT status_history.prune(5, interval '-1 hour')$$,
+                 '22023', 'older_than must not be negative');
+SELECT throws_ok($$SELECT status_history.prune(1) FROM (SELECT set_config('transaction_read_only', 'on', true)) AS x$$,
+                 '25006', 'cannot execute status_history.prune() in a read-only transaction');
+
 -- Reading.
 SELECT throws_ok($$SELECT * FROM status_history.latest(NULL, NULL)$$,
                  '22004', 'include_dropped must not be null');
@@ -100,6 +110,8 @@ SELECT throws_ok($$INSERT INTO status_history.history (occurred_at, object_id, s
                  '42501', 'only the owner of status_history.history may supply occurred_at');
 SELECT throws_ok($$SELECT status_history.reconnect(9)$$,
                  '42501', 'permission denied for function reconnect');
+SELECT throws_ok($$SELECT status_history.prune(1)$$,
+                 '42501', 'permission denied for function prune');
 SELECT throws_ok($$UPDATE status_history.objects SET fence = 0$$,
                  '42501', 'permission denied for table objects');
 SELECT throws_ok($$ALTER TABLE status_history.history DISABLE TRIGGER history_refuse_change$$,

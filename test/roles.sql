@@ -9,7 +9,7 @@
 BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
 CREATE EXTENSION status_history;
-SELECT plan(33);
+SELECT plan(37);
 
 -- The recipe (README, "Roles").
 CREATE ROLE sh_reporter NOLOGIN;
@@ -20,6 +20,7 @@ GRANT EXECUTE ON FUNCTION status_history.reconnect(bigint, text, text[]) TO sh_c
 CREATE ROLE sh_reader NOLOGIN;
 CREATE ROLE sh_admin NOLOGIN;
 ALTER TABLE status_history.history OWNER TO sh_admin;
+GRANT EXECUTE ON FUNCTION status_history.prune(integer, interval) TO sh_admin;
 -- Least privilege: only the reader role reads; PUBLIC no longer does.
 REVOKE SELECT ON status_history.history, status_history.objects, status_history.floors,
                  status_history.statuses FROM PUBLIC;
@@ -49,6 +50,7 @@ SELECT throws_ok($$SELECT pg_catalog.setval('status_history.clock_bound', 1)$$, 
 SELECT throws_ok($$INSERT INTO status_history.history (occurred_at, object_id, status) VALUES (now(), 'r1', 'running')$$,
                  '42501', 'only the owner of status_history.history may supply occurred_at', 'reporter: no imports');
 SELECT throws_ok($$DELETE FROM status_history.history$$, '42501', NULL, 'reporter: no DELETE');
+SELECT throws_ok($$SELECT status_history.prune(1)$$, '42501', NULL, 'reporter: no prune()');
 -- A hostile search_path: the reporter's own text, timestamptz and int4 in
 -- pg_temp, with checks that note who runs them, and a function that runs a
 -- query in the middle of the INSERT (where the extension writes back).
@@ -81,6 +83,7 @@ SELECT throws_ok($$INSERT INTO status_history.history (occurred_at, object_id, s
                  '42501', 'only the owner of status_history.history may supply occurred_at', 'controller: no imports');
 SELECT throws_ok($$UPDATE status_history.objects SET fence = 0$$, '42501', NULL, 'controller: fences only through reconnect()');
 SELECT throws_ok($$SELECT * FROM status_history.statuses$$, '42501', NULL, 'controller: does not read statuses');
+SELECT throws_ok($$SELECT status_history.prune(1)$$, '42501', NULL, 'controller: no prune()');
 RESET ROLE;
 -- (reconnect() without a list waits for running reporters; its own transaction here has reported.)
 SELECT is((SELECT fence FROM status_history.objects WHERE object_id = 'r1'), 2::bigint,
@@ -109,6 +112,9 @@ SELECT is((SELECT status FROM status_history.statuses WHERE object_id = 'importe
 SELECT throws_ok($$DELETE FROM status_history.history$$, '0A000', NULL,
                  'admin: the history stays append-only for its owner too');
 SELECT throws_ok($$SELECT * FROM status_history.reconnect(9)$$, '42501', NULL, 'admin: no reconnect() unless granted');
+SELECT cmp_ok((SELECT status_history.prune(1)), '>', 0::bigint, 'admin: prune() (r1 has three reports)');
+SELECT is((SELECT count(*) FROM status_history.history WHERE object_id = 'r1'), 1::bigint,
+          'admin: prune(1) left r1 its newest report');
 RESET ROLE;
 
 -- No function the extension ships is executable by PUBLIC unless meant to be.

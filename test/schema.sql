@@ -12,7 +12,7 @@ CREATE SCHEMA evil;
 SET search_path = evil, public;
 CREATE EXTENSION status_history;
 RESET search_path;
-SELECT plan(44);
+SELECT plan(49);
 
 SELECT has_schema('status_history');
 SELECT has_table('status_history', 'history', 'history table exists');
@@ -75,6 +75,11 @@ SELECT is(
 SELECT has_function('status_history', 'report_many',
     ARRAY['text[]', 'text[]', 'text[]', 'jsonb[]', 'text[]', 'bigint[]', 'timestamp with time zone[]']);
 SELECT function_lang_is('status_history', 'reconnect', ARRAY['bigint', 'text', 'text[]'], 'c', 'reconnect() is C');
+SELECT has_function('status_history', 'prune', ARRAY['integer', 'interval']);
+SELECT function_returns('status_history', 'prune', ARRAY['integer', 'interval'], 'bigint');
+SELECT is_definer('status_history', 'prune', ARRAY['integer', 'interval'],
+                  'prune() runs as the owner, for admins granted EXECUTE');
+SELECT function_lang_is('status_history', 'prune', ARRAY['integer', 'interval'], 'c', 'prune() is C');
 
 -- Every object and every column carries a comment.
 SELECT is_empty(
@@ -103,6 +108,8 @@ SELECT is_empty(
 -- Privileges: readers may read; only granted roles write or fence.
 SELECT function_privs_are('status_history', 'reconnect', ARRAY['bigint', 'text', 'text[]'],
                           'public', '{}', 'reconnect() is not executable by PUBLIC');
+SELECT function_privs_are('status_history', 'prune', ARRAY['integer', 'interval'],
+                          'public', '{}', 'prune() is not executable by PUBLIC');
 SELECT function_privs_are('status_history', 'report_many',
     ARRAY['text[]', 'text[]', 'text[]', 'jsonb[]', 'text[]', 'bigint[]', 'timestamp with time zone[]'],
     'public', ARRAY['EXECUTE'], 'report_many() is executable by PUBLIC (it needs INSERT on the history)');
