@@ -6,7 +6,8 @@
  * objects.c  per-object state: locking, the write-back cache and its undo log
  * fence.c    generation floors and reconnect()
  * history.c  the triggers on status_history.history, report() and report_many()
- * latest.c   the latest() set-returning function
+ * latest.c   the latest() set-returning function; copying history rows into a result
+ * questions.c  history_of(), intervals() and time_in_status(): the history over a window
  */
 #ifndef STATUS_HISTORY_H
 #define STATUS_HISTORY_H
@@ -83,7 +84,13 @@ extern bool sh_own_write(void);
 extern void sh_objects_invalidate(void);
 
 /* history.c */
+#define SH_NSTATUSES 6
+extern const char *const sh_statuses[SH_NSTATUSES];
+extern int	sh_status_index(Datum status);
 extern void sh_history_init(void);
+
+/* latest.c */
+extern void sh_put_history_rows(ReturnSetInfo *rsinfo, Portal portal);
 
 /* fence.c */
 extern void sh_fence_init(void);
