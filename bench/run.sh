@@ -13,9 +13,12 @@ sh_build_install
 
 if [ "${BENCH_FULL:-0}" = 1 ]; then
     : "${OBJECTS:=100000}" "${PER_OBJECT:=50}" "${BULK:=1000000}" "${GROWTH_OBJECTS:=10000}" "${DURATION:=5}"
+    : "${QUESTION_OBJECTS:=100000}"
 else
     : "${OBJECTS:=20000}" "${PER_OBJECT:=50}" "${BULK:=200000}" "${GROWTH_OBJECTS:=5000}" "${DURATION:=3}"
+    : "${QUESTION_OBJECTS:=20000}"
 fi
+: "${QUESTION_PER_OBJECT:=10}"
 : "${GROWTH:=10}" "${RUNS:=3}" "${REPS:=5}" "${CLIENTS:=8}"
 
 # --- a throw-away cluster, owned by postgres when run as root ---------------
@@ -214,6 +217,47 @@ e=$(q "SELECT bench_median_stmt_ms(\$\$INSERT INTO status_history.history (objec
 b=$(q "SELECT bench_median_stmt_ms(\$\$INSERT INTO plain (occurred_at, object_id, status)
         SELECT clock_timestamp(), 'bulk-' || (i % $OBJECTS), $statuses[1 + i % 5] FROM generate_series(0, $BULK - 1) AS i\$\$, 1)")
 row "2. bulk append in one INSERT ... SELECT" "$BULK rows" "$e" "$b" ms time 2
+fi
+
+# --- 8. time in status over one day, every object -------------------------------
+# One day of reports (QUESTION_OBJECTS x QUESTION_PER_OBJECT), imported with
+# chosen stamps into a database of its own, the same rows in plain; the window
+# is the day's last 18 hours, so the status in force at its start counts.  The
+# baseline is the brute force a user would write: the newest report before the
+# window per object (DISTINCT ON) plus the window's reports, lead() for each
+# period's end, summed per object and status.
+if want 8; then
+q "CREATE DATABASE questions"
+PGDATABASE=questions psql -X -q -v ON_ERROR_STOP=1 -f bench/setup.sql >/dev/null
+qq() { PGDATABASE=questions q "$1"; }
+nq=$((QUESTION_OBJECTS * QUESTION_PER_OBJECT))
+day="timestamptz '2000-01-01 00:00:00+00'"
+since="$day + interval '6 hours'"
+until="$day + interval '1 day'"
+day_rows="SELECT $day + i * (interval '1 day' / $nq) AS t, 'q-' || (i % $QUESTION_OBJECTS) AS o,
+                 $statuses[1 + (i / $QUESTION_OBJECTS + i % 3) % 5] AS s
+            FROM generate_series(0, $nq - 1) AS i"
+qq "INSERT INTO status_history.history (occurred_at, object_id, status) SELECT t, o, s FROM ($day_rows) AS d ORDER BY t"
+qq "INSERT INTO plain (occurred_at, object_id, status, stale) SELECT t, o, s, false FROM ($day_rows) AS d"
+qq "VACUUM ANALYZE"
+base_q="WITH r AS (
+            SELECT * FROM (SELECT DISTINCT ON (object_id) object_id, occurred_at, status FROM plain
+                            WHERE occurred_at < $since AND NOT stale ORDER BY object_id, occurred_at DESC) AS b
+            UNION ALL
+            SELECT object_id, occurred_at, status FROM plain
+             WHERE occurred_at >= $since AND occurred_at < $until AND NOT stale
+        ), p AS (
+            SELECT object_id, status, greatest(occurred_at, $since) AS a,
+                   coalesce(lead(occurred_at) OVER (PARTITION BY object_id ORDER BY occurred_at), $until) AS e
+              FROM r
+        )
+        SELECT object_id, status, sum(e - a) AS duration,
+               extract(epoch FROM sum(e - a)) / extract(epoch FROM ($until) - ($since)) AS share
+          FROM p GROUP BY object_id, status HAVING sum(e - a) > interval '0'"
+e=$(qq "SELECT bench_median_ms(\$\$SELECT * FROM status_history.time_in_status($since, $until)\$\$, $REPS)")
+b=$(qq "SELECT bench_median_ms(\$\$$base_q\$\$, $REPS)")
+row "8. time_in_status() over one day vs brute-force SQL" "$QUESTION_OBJECTS x $QUESTION_PER_OBJECT" "$e" "$b" ms time -
+q "DROP DATABASE questions"
 fi
 
 # --- 6. prune ----------------------------------------------------------------------

@@ -51,7 +51,8 @@ PG_FUNCTION_INFO_V1(status_history_report);
 PG_FUNCTION_INFO_V1(status_history_report_many);
 PG_FUNCTION_INFO_V1(status_history_prefetch);
 
-static const char *const known_statuses[] = {
+/* The statuses a report may carry; questions.c counts time per status by index. */
+const char *const sh_statuses[SH_NSTATUSES] = {
 	"starting", "running", "paused", "stalled", "ceased", "dropped"
 };
 
@@ -149,13 +150,14 @@ excerpt(text *value)
 	return pnstrdup(s, pg_mbcliplen(s, len, Min(len, 64)));
 }
 
-static bool
-known_status(Datum status)
+/* The index of a status in sh_statuses, or -1 for an unknown one. */
+int
+sh_status_index(Datum status)
 {
-	for (int i = 0; i < lengthof(known_statuses); i++)
-		if (text_equals(status, known_statuses[i]))
-			return true;
-	return false;
+	for (int i = 0; i < SH_NSTATUSES; i++)
+		if (text_equals(status, sh_statuses[i]))
+			return i;
+	return -1;
 }
 
 /* Refuse anything that is not a valid report; messages say how to fix it. */
@@ -177,7 +179,7 @@ validate_report(Datum *values, bool *nulls, const HistoryColumns *cols)
 				(errcode(ERRCODE_NOT_NULL_VIOLATION),
 				 errmsg("status must not be null"),
 				 errhint("Use one of starting, running, paused, stalled, ceased, dropped.")));
-	if (!known_status(values[cols->status]))
+	if (sh_status_index(values[cols->status]) < 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("invalid status \"%s\"", excerpt(DatumGetTextPP(values[cols->status]))),

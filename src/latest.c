@@ -6,6 +6,9 @@
  * never writes (it runs on hot standbys).  Rows are fetched through a cursor
  * in batches and handed to a tuplestore, which spills to disk past work_mem,
  * so memory stays bounded however many objects there are.
+ *
+ * Also: sh_put_history_rows(), copying rows of the history's columns from a
+ * cursor into a result of the history's row type (history_of() uses it too).
  */
 #include "postgres.h"
 
@@ -47,36 +50,20 @@ latest_plan(bool listed)
 	return *slot;
 }
 
-/* SQL: status_history.latest(object_ids text[], include_dropped boolean) */
-Datum
-status_history_latest(PG_FUNCTION_ARGS)
+/*
+ * Copy every row of an open cursor whose columns are named like the history's
+ * into the result, a tuplestore of the history's row type (which spills to
+ * disk past work_mem).  Columns are mapped by name: the history's row type may
+ * have dropped or added columns.  Shared with history_of() (questions.c).
+ */
+void
+sh_put_history_rows(ReturnSetInfo *rsinfo, Portal portal)
 {
-	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	bool		listed = !PG_ARGISNULL(0);
-	Datum		args[2];
-	Portal		portal;
-	Datum	   *values;
-	bool	   *nulls;
-	int		   *source;			/* per result column, its number in the query */
-	int			natts;
+	int			natts = rsinfo->setDesc->natts;
+	Datum	   *values = palloc0(natts * sizeof(Datum));
+	bool	   *nulls = palloc(natts * sizeof(bool));
+	int		   *source = palloc(natts * sizeof(int));	/* per result column, its number in the query */
 
-	if (PG_ARGISNULL(1))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("include_dropped must not be null"),
-				 errhint("Pass true to include dropped objects, false to leave them out.")));
-	args[0] = PG_GETARG_DATUM(1);
-	args[1] = listed ? PG_GETARG_DATUM(0) : (Datum) 0;
-
-	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
-	natts = rsinfo->setDesc->natts;
-	values = palloc0(natts * sizeof(Datum));
-	nulls = palloc(natts * sizeof(bool));
-	source = palloc(natts * sizeof(int));
-
-	SPI_connect();
-	portal = SPI_cursor_open(NULL, latest_plan(listed), args, NULL, true);
-	/* Map by name: the history's row type may have dropped or added columns. */
 	for (int a = 0; a < natts; a++)
 	{
 		Form_pg_attribute att = TupleDescAttr(rsinfo->setDesc, a);
@@ -103,6 +90,32 @@ status_history_latest(PG_FUNCTION_ARGS)
 		}
 		SPI_freetuptable(SPI_tuptable);
 	}
+	pfree(values);
+	pfree(nulls);
+	pfree(source);
+}
+
+/* SQL: status_history.latest(object_ids text[], include_dropped boolean) */
+Datum
+status_history_latest(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	bool		listed = !PG_ARGISNULL(0);
+	Datum		args[2];
+	Portal		portal;
+
+	if (PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("include_dropped must not be null"),
+				 errhint("Pass true to include dropped objects, false to leave them out.")));
+	args[0] = PG_GETARG_DATUM(1);
+	args[1] = listed ? PG_GETARG_DATUM(0) : (Datum) 0;
+
+	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+	SPI_connect();
+	portal = SPI_cursor_open(NULL, latest_plan(listed), args, NULL, true);
+	sh_put_history_rows(rsinfo, portal);
 	SPI_cursor_close(portal);
 	SPI_finish();
 	return (Datum) 0;

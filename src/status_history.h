@@ -7,8 +7,9 @@
  * keys.c     per-key state (object_id, replica_id): reading, writing back, recomputing
  * fence.c    generation floors and reconnect()
  * history.c  the triggers on status_history.history, report() and report_many()
- * latest.c   the latest() set-returning function
+ * latest.c   the latest() set-returning function; copying history rows into a result
  * prune.c    prune(): removing old history, and the one DELETE the history lets through
+ * questions.c  history_of(), intervals() and time_in_status(): the history over a window
  */
 #ifndef STATUS_HISTORY_H
 #define STATUS_HISTORY_H
@@ -112,7 +113,13 @@ extern void sh_keys_write(text **object_ids, ShKeyState **keys, int n);
 extern void sh_keys_recompute(text *object_id, ShKeyState *cached, int ncached);
 
 /* history.c */
+#define SH_NSTATUSES 6
+extern const char *const sh_statuses[SH_NSTATUSES];
+extern int	sh_status_index(Datum status);
 extern void sh_history_init(void);
+
+/* latest.c */
+extern void sh_put_history_rows(ReturnSetInfo *rsinfo, Portal portal);
 
 /* fence.c */
 extern void sh_fence_init(void);

@@ -9,7 +9,7 @@
 BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
 CREATE EXTENSION status_history;
-SELECT plan(37);
+SELECT plan(39);
 
 -- The recipe (README, "Roles").
 CREATE ROLE sh_reporter NOLOGIN;
@@ -28,6 +28,12 @@ REVOKE EXECUTE ON FUNCTION status_history.latest(text[], boolean) FROM PUBLIC;
 GRANT SELECT ON status_history.history, status_history.objects, status_history.floors,
                 status_history.statuses TO sh_reader, sh_admin;
 GRANT EXECUTE ON FUNCTION status_history.latest(text[], boolean) TO sh_reader, sh_admin;
+REVOKE EXECUTE ON FUNCTION status_history.history_of(text, timestamptz, timestamptz),
+                           status_history.intervals(text, timestamptz, timestamptz),
+                           status_history.time_in_status(timestamptz, timestamptz, text[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION status_history.history_of(text, timestamptz, timestamptz),
+                          status_history.intervals(text, timestamptz, timestamptz),
+                          status_history.time_in_status(timestamptz, timestamptz, text[]) TO sh_reader, sh_admin;
 
 CREATE TABLE unrelated (x int);
 INSERT INTO unrelated VALUES (1);
@@ -42,6 +48,8 @@ SELECT lives_ok($$SELECT status_history.report_many(ARRAY['r3', 'r1'], ARRAY['ru
 SELECT throws_ok($$SELECT * FROM status_history.reconnect(5)$$, '42501', NULL, 'reporter: no reconnect()');
 SELECT throws_ok($$SELECT * FROM status_history.statuses$$, '42501', NULL, 'reporter: does not read statuses');
 SELECT throws_ok($$SELECT * FROM status_history.history$$, '42501', NULL, 'reporter: does not read the history');
+SELECT throws_ok($$SELECT * FROM status_history.time_in_status('-infinity', 'infinity')$$, '42501', NULL,
+                 'reporter: does not ask the history');
 SELECT throws_ok($$SELECT * FROM unrelated$$, '42501', NULL, 'reporter: does not read other tables');
 SELECT throws_ok($$UPDATE status_history.objects SET fence = 99$$, '42501', NULL, 'reporter: does not move fences');
 SELECT throws_ok($$INSERT INTO status_history.floors VALUES (NULL, 99)$$, '42501', NULL, 'reporter: does not move floors');
@@ -94,6 +102,9 @@ SET ROLE sh_reader;
 SELECT is((SELECT status FROM status_history.statuses WHERE object_id = 'r1'), 'paused', 'reader: statuses');
 SELECT is((SELECT count(*) FROM status_history.latest()), 4::bigint, 'reader: latest() (r1, r2, r3 and r9)');
 SELECT cmp_ok((SELECT count(*) FROM status_history.history), '>', 0::bigint, 'reader: the history');
+SELECT lives_ok($$SELECT * FROM status_history.history_of('r1')$$ || $$; SELECT * FROM status_history.intervals('r1', '-infinity', 'infinity')$$
+                || $$; SELECT * FROM status_history.time_in_status('-infinity', 'infinity')$$,
+                'reader: history_of(), intervals(), time_in_status()');
 SELECT throws_ok($$SELECT status_history.report('r1', 'running')$$, '42501', NULL, 'reader: no reports');
 SELECT throws_ok($$INSERT INTO status_history.history (object_id, status) VALUES ('r1', 'running')$$,
                  '42501', NULL, 'reader: no INSERT');

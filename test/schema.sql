@@ -12,7 +12,7 @@ CREATE SCHEMA evil;
 SET search_path = evil, public;
 CREATE EXTENSION status_history;
 RESET search_path;
-SELECT plan(49);
+SELECT plan(58);
 
 SELECT has_schema('status_history');
 SELECT has_table('status_history', 'history', 'history table exists');
@@ -81,6 +81,18 @@ SELECT is_definer('status_history', 'prune', ARRAY['integer', 'interval'],
                   'prune() runs as the owner, for admins granted EXECUTE');
 SELECT function_lang_is('status_history', 'prune', ARRAY['integer', 'interval'], 'c', 'prune() is C');
 
+-- The history questions: read-only (STABLE), executable by PUBLIC.
+SELECT has_function('status_history', 'history_of', ARRAY['text', 'timestamp with time zone', 'timestamp with time zone']);
+SELECT has_function('status_history', 'intervals', ARRAY['text', 'timestamp with time zone', 'timestamp with time zone']);
+SELECT has_function('status_history', 'time_in_status',
+    ARRAY['timestamp with time zone', 'timestamp with time zone', 'text[]']);
+SELECT volatility_is('status_history', 'history_of', ARRAY['text', 'timestamp with time zone', 'timestamp with time zone'],
+                     'stable', 'history_of() is STABLE');
+SELECT volatility_is('status_history', 'intervals', ARRAY['text', 'timestamp with time zone', 'timestamp with time zone'],
+                     'stable', 'intervals() is STABLE');
+SELECT volatility_is('status_history', 'time_in_status',
+    ARRAY['timestamp with time zone', 'timestamp with time zone', 'text[]'], 'stable', 'time_in_status() is STABLE');
+
 -- Every object and every column carries a comment.
 SELECT is_empty(
     $$SELECT pg_describe_object(d.classid, d.objid, 0)
@@ -117,6 +129,13 @@ SELECT table_privs_are('status_history', 'floors', 'public', ARRAY['SELECT'],
                        'PUBLIC may read the floors but not change them');
 SELECT function_privs_are('status_history', 'latest', ARRAY['text[]', 'boolean'],
                           'public', ARRAY['EXECUTE'], 'latest() is executable by PUBLIC');
+SELECT function_privs_are('status_history', 'history_of', ARRAY['text', 'timestamp with time zone', 'timestamp with time zone'],
+                          'public', ARRAY['EXECUTE'], 'history_of() is executable by PUBLIC');
+SELECT function_privs_are('status_history', 'intervals', ARRAY['text', 'timestamp with time zone', 'timestamp with time zone'],
+                          'public', ARRAY['EXECUTE'], 'intervals() is executable by PUBLIC');
+SELECT function_privs_are('status_history', 'time_in_status',
+    ARRAY['timestamp with time zone', 'timestamp with time zone', 'text[]'],
+    'public', ARRAY['EXECUTE'], 'time_in_status() is executable by PUBLIC');
 SELECT table_privs_are('status_history', 'history', 'public', ARRAY['SELECT'],
                        'PUBLIC may read the history but not write it');
 SELECT table_privs_are('status_history', 'statuses', 'public', ARRAY['SELECT'],
@@ -134,6 +153,9 @@ CREATE FUNCTION evil.unnest(anyarray) RETURNS SETOF text LANGUAGE plpgsql AS
 CREATE FUNCTION evil.max(timestamptz) RETURNS timestamptz LANGUAGE plpgsql AS
     $$BEGIN RAISE EXCEPTION 'hijacked'; END$$;
 CREATE TABLE evil.objects (object_id text, fence bigint);
+-- A report from before this transaction began, for the history questions
+-- (they clip at now(), the transaction's start).
+INSERT INTO status_history.history (occurred_at, object_id, status) VALUES ('2020-01-01', 'h0', 'running');
 -- Run under the hostile path (pgTAP itself would be hijacked there), then check.
 SET search_path = evil, pg_catalog;
 CREATE TEMP TABLE hostile AS
@@ -144,10 +166,14 @@ INSERT INTO hostile
 SELECT 3, l.status || ' ' || l.generation FROM status_history.latest(ARRAY['h1']) AS l;
 INSERT INTO hostile
 SELECT 4, s.status FROM status_history.statuses AS s;
+INSERT INTO hostile
+SELECT 5, (SELECT count(*) FROM status_history.history_of('h0')) || ' '
+          || (SELECT count(*) FROM status_history.intervals('h0', '-infinity', 'infinity')) || ' '
+          || (SELECT count(*) FROM status_history.time_in_status('-infinity', 'infinity', ARRAY['h0']));
 RESET search_path;
 SELECT results_eq('SELECT step, result FROM hostile ORDER BY step',
-                  $$VALUES (1, 'running'), (2, 'running 1'), (3, 'running 1'), (4, 'running')$$,
-                  'report, reconnect, latest and statuses ignore a hostile search_path');
+                  $$VALUES (1, 'running'), (2, 'running 1'), (3, 'running 1'), (4, 'running'), (4, 'running'), (5, '1 1 1')$$,
+                  'report, reconnect, latest, statuses and the history questions ignore a hostile search_path');
 
 SELECT * FROM finish();
 ROLLBACK;
