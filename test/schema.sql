@@ -12,7 +12,7 @@ CREATE SCHEMA evil;
 SET search_path = evil, public;
 CREATE EXTENSION status_history;
 RESET search_path;
-SELECT plan(58);
+SELECT plan(63);
 
 SELECT has_schema('status_history');
 SELECT has_table('status_history', 'history', 'history table exists');
@@ -20,6 +20,12 @@ SELECT has_table('status_history', 'objects', 'objects table exists');
 SELECT has_view('status_history', 'statuses', 'statuses view exists');
 SELECT has_sequence('status_history', 'clock_bound', 'clock bound sequence exists');
 SELECT has_table('status_history', 'floors', 'floors table exists');
+SELECT has_table('status_history', 'replica_state', 'per-key state table exists');
+SELECT has_view('status_history', 'replica_statuses', 'replica_statuses view exists');
+SELECT columns_are('status_history', 'replica_statuses',
+    ARRAY['object_id', 'replica_id', 'status', 'error', 'details', 'generation', 'occurred_at',
+          'status_since', 'reported_at', 'last_at', 'last_seen_at'],
+    'replica_statuses has the documented columns');
 
 -- The columns of the history, in this order, with these types.
 SELECT is(
@@ -140,6 +146,10 @@ SELECT table_privs_are('status_history', 'history', 'public', ARRAY['SELECT'],
                        'PUBLIC may read the history but not write it');
 SELECT table_privs_are('status_history', 'statuses', 'public', ARRAY['SELECT'],
                        'PUBLIC may read statuses');
+SELECT table_privs_are('status_history', 'replica_statuses', 'public', ARRAY['SELECT'],
+                       'PUBLIC may read replica_statuses');
+SELECT table_privs_are('status_history', 'replica_state', 'public', ARRAY['SELECT'],
+                       'PUBLIC may read the per-key state but not change it');
 SELECT sequence_privs_are('status_history', 'clock_bound', 'public', '{}',
                           'PUBLIC cannot move the clock bound');
 
