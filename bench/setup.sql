@@ -6,6 +6,8 @@ CREATE EXTENSION status_history;
 -- The same columns, NOT NULLs and defaults as the history; no triggers, no
 -- unique stamp, one index.
 CREATE TABLE plain (LIKE status_history.history INCLUDING DEFAULTS);
+-- (The history's stale has no default: its trigger sets it.  The baseline has no trigger.)
+ALTER TABLE plain ALTER stale SET DEFAULT false;
 CREATE INDEX plain_object_idx ON plain (object_id, occurred_at DESC);
 
 -- A plain table keyed by object, for the primary-key lookup baseline.
