@@ -9,6 +9,11 @@
 \echo Use "ALTER EXTENSION status_history UPDATE TO '0.3.0'" to load this file. \quit
 
 -- @@ per-key state (keys)
+-- A replica's newest report is found through replica_state now.
+DROP INDEX status_history.history_replica_idx;
+ALTER TABLE status_history.floors ADD COLUMN retired_at timestamptz;
+COMMENT ON COLUMN status_history.floors.retired_at IS
+    'When retire_replica() retired the replica: every later report of it is stale, and it never comes back. NULL: live.';
 CREATE TABLE status_history.replica_state (
     object_id    text        NOT NULL,
     replica_id   text,
@@ -19,6 +24,10 @@ CREATE TABLE status_history.replica_state (
     status_since timestamptz,
     CONSTRAINT replica_state_key UNIQUE NULLS NOT DISTINCT (object_id, replica_id)
 ) WITH (fillfactor = 50);   -- heartbeats update it in place (HOT)
+-- The objects a replica reported on (reconnect(generation, replica_id),
+-- retire_replica()); its columns never change, so updates stay HOT.
+CREATE INDEX replica_state_replica_idx
+    ON status_history.replica_state (replica_id, object_id) WHERE replica_id IS NOT NULL;
 
 COMMENT ON TABLE status_history.replica_state IS
     'One row per key (object_id, replica_id): its newest row, when it last reported (repeats included) and its newest non-stale report. Maintained by the extension only.';
@@ -105,6 +114,19 @@ COMMENT ON COLUMN status_history.replica_statuses.last_at IS
     'Stamp of the key''s newest row, stale or not.';
 COMMENT ON COLUMN status_history.replica_statuses.last_seen_at IS
     'When the key last reported anything, repeats included (heartbeats).';
+
+
+CREATE FUNCTION status_history.retire_replica(
+    replica_id text,
+    generation bigint DEFAULT NULL)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'status_history_retire_replica'
+LANGUAGE C VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION status_history.retire_replica(text, bigint) IS
+    'Retires a replica for good: its later reports are stale, and every object whose current report it made shows another live replica''s newest report (re-stamped) or paused; returns the number of objects whose status changed.';
+REVOKE ALL ON FUNCTION status_history.retire_replica(text, bigint) FROM PUBLIC;
 
 REVOKE ALL ON status_history.replica_state, status_history.replica_statuses FROM PUBLIC;
 GRANT SELECT ON status_history.replica_state, status_history.replica_statuses TO PUBLIC;

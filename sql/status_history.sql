@@ -22,11 +22,11 @@ CREATE TABLE status_history.history (
     stale       boolean     NOT NULL,   -- set by the insert trigger unless imported
     CONSTRAINT history_pkey PRIMARY KEY (occurred_at)
 );
+-- The one secondary index: one object's reports in stamp order (recomputing
+-- its state, prune(), history_of(), intervals(), time_in_status()).  A
+-- replica's newest report is found through status_history.replica_state.
 CREATE INDEX history_object_idx
     ON status_history.history (object_id, occurred_at DESC);
-CREATE INDEX history_replica_idx
-    ON status_history.history (replica_id, object_id, occurred_at DESC)
-    WHERE replica_id IS NOT NULL;
 
 COMMENT ON TABLE status_history.history IS
     'Append-only history of status reports; rows are stamped by status_history.monotonic_now() and never change.';
@@ -96,6 +96,7 @@ COMMENT ON SEQUENCE status_history.clock_bound IS
 CREATE TABLE status_history.floors (
     replica_id text,
     generation bigint NOT NULL DEFAULT 0,
+    retired_at timestamptz,
     CONSTRAINT floors_replica_key UNIQUE NULLS NOT DISTINCT (replica_id)
 );
 INSERT INTO status_history.floors (replica_id, generation) VALUES (NULL, 0);
@@ -106,6 +107,8 @@ COMMENT ON COLUMN status_history.floors.replica_id IS
     'The replica the floor applies to; NULL for the database-wide floor.';
 COMMENT ON COLUMN status_history.floors.generation IS
     'Reports (of that replica, or any report for the NULL row) below this generation are stale.';
+COMMENT ON COLUMN status_history.floors.retired_at IS
+    'When retire_replica() retired the replica: every later report of it is stale, and it never comes back. NULL: live.';
 
 -- pg_dump keeps the data of extension-owned tables only when asked to.
 -- The state and the fences are dumped too: a restore keeps them (fences are
@@ -316,6 +319,10 @@ CREATE TABLE status_history.replica_state (
     status_since timestamptz,
     CONSTRAINT replica_state_key UNIQUE NULLS NOT DISTINCT (object_id, replica_id)
 ) WITH (fillfactor = 50);   -- heartbeats update it in place (HOT)
+-- The objects a replica reported on (reconnect(generation, replica_id),
+-- retire_replica()); its columns never change, so updates stay HOT.
+CREATE INDEX replica_state_replica_idx
+    ON status_history.replica_state (replica_id, object_id) WHERE replica_id IS NOT NULL;
 
 COMMENT ON TABLE status_history.replica_state IS
     'One row per key (object_id, replica_id): its newest row, when it last reported (repeats included) and its newest non-stale report. Maintained by the extension only.';
@@ -376,6 +383,17 @@ COMMENT ON COLUMN status_history.replica_statuses.last_at IS
     'Stamp of the key''s newest row, stale or not.';
 COMMENT ON COLUMN status_history.replica_statuses.last_seen_at IS
     'When the key last reported anything, repeats included (heartbeats).';
+
+CREATE FUNCTION status_history.retire_replica(
+    replica_id text,
+    generation bigint DEFAULT NULL)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'status_history_retire_replica'
+LANGUAGE C VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION status_history.retire_replica(text, bigint) IS
+    'Retires a replica for good: its later reports are stale, and every object whose current report it made shows another live replica''s newest report (re-stamped) or paused; returns the number of objects whose status changed.';
 
 -- ---------------------------------------------------------------------------
 -- Retention.

@@ -106,6 +106,7 @@ read_floor(Datum replica_id, bool replica_null, int64 *committed)
 	ScanKeyData key;
 	TupleTableSlot *slot;
 	AttrNumber	genatt;
+	AttrNumber	retiredatt;
 	int64		floor = 0;
 
 	/* A database still at 0.1.0 (not yet updated) has no floors. */
@@ -115,6 +116,8 @@ read_floor(Datum replica_id, bool replica_null, int64 *committed)
 	index = index_open(sh_relation_oid("floors_replica_key"), AccessShareLock);
 	slot = table_slot_create(rel, NULL);
 	genatt = attnameAttNum(rel, "generation", false);
+	/* (A database still at 0.2.0 has no retired_at.) */
+	retiredatt = attnameAttNum(rel, "retired_at", true);
 	InitDirtySnapshot(dirty);
 	if (replica_null)
 		ScanKeyEntryInitialize(&key, SK_ISNULL | SK_SEARCHNULL, 1, InvalidStrategy,
@@ -135,6 +138,13 @@ read_floor(Datum replica_id, bool replica_null, int64 *committed)
 
 		if (isnull)
 			continue;
+		/* A retired replica's floor is above every generation. */
+		if (retiredatt > 0)
+		{
+			(void) slot_getattr(slot, retiredatt, &isnull);
+			if (!isnull)
+				d = Int64GetDatum(SH_RETIRED);
+		}
 		floor = Max(floor, DatumGetInt64(d));
 		/* The dirty snapshot names the inserter of a version still in progress. */
 		if (committed != NULL && !TransactionIdIsValid(dirty.xmin))
@@ -241,10 +251,47 @@ sh_fence_in_reconnect(void)
 	return in_reconnect;
 }
 
+/* reconnect() and retire_replica() append rows that are not the caller's reports. */
+void
+sh_fence_set_in_reconnect(bool on)
+{
+	in_reconnect = on;
+	if (!on)
+		xact_reported = true;
+}
+
+/*
+ * Refuse a call that waits for every reporting transaction, in a transaction
+ * that has reported (it holds object locks those may wait for).
+ */
+void
+sh_fence_check_unreported(const char *what)
+{
+	if (xact_reported)
+		ereport(ERROR,
+				(errcode(ERRCODE_ACTIVE_SQL_TRANSACTION),
+				 errmsg("%s must run before any report in its transaction", what),
+				 errdetail("It waits for every transaction that is reporting, and this one already holds object locks."),
+				 errhint("Call it in its own transaction or first in it%s.",
+						 strcmp(what, "reconnect() without object_ids") == 0 ?
+						 ", or list the objects in object_ids" : "")));
+}
+
 /* ---- reconnect() ---- */
 
+/* A retired replica never comes back. */
 static void
-refuse_fenced(int64 generation, int64 fence, const char *what)
+refuse_retired(Datum replica_id)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("replica \"%s\" is retired", TextDatumGetCString(replica_id)),
+			 errdetail("retire_replica() retired it; its reports are recorded stale."),
+			 errhint("Give the new replica an id of its own.")));
+}
+
+void
+sh_fence_refuse(int64 generation, int64 fence, const char *what)
 {
 	ereport(ERROR,
 			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
@@ -272,7 +319,7 @@ refuse_fenced_objects(int64 generation)
 							   " WHERE o.fence OPERATOR(pg_catalog.>) $1"
 							   " ORDER BY o.fence DESC LIMIT 1", 1, types);
 	if (sh_execute_latest(plan, args, NULL, true, 1) == SPI_OK_SELECT && SPI_processed == 1)
-		refuse_fenced(generation,
+		sh_fence_refuse(generation,
 					  DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull)),
 					  psprintf("object \"%s\"",
 							   TextDatumGetCString(SPI_getbinval(SPI_tuptable->vals[0],
@@ -285,13 +332,17 @@ refuse_fenced_objects(int64 generation)
  * the database-wide row first, so they queue there holding nothing another
  * reconnect's wait could be waiting for.
  */
-static void
-raise_floor(int64 generation, Datum replica_id, bool replica_null)
+static bool
+raise_floor(int64 generation, Datum replica_id, bool replica_null, bool retire)
 {
 	static SPIPlanPtr lock_all = NULL;
 	static SPIPlanPtr raise_all = NULL;
 	static SPIPlanPtr lock_one = NULL;
+	static SPIPlanPtr lock_one_020 = NULL;	/* a database not yet updated from 0.2.0 */
 	static SPIPlanPtr raise_one = NULL;
+	static SPIPlanPtr retire_one = NULL;
+	bool		changed = true;
+	bool		has_retired = sh_keys_enabled();
 	Oid			types[2] = {INT8OID, TEXTOID};
 	Datum		args[2] = {Int64GetDatum(generation), replica_id};
 	ShSavedUser saved;
@@ -323,44 +374,78 @@ raise_floor(int64 generation, Datum replica_id, bool replica_null)
 		raise_all = sh_prepare_kept("UPDATE status_history.floors AS f SET generation = $1"
 									" WHERE f.replica_id IS NULL"
 									"   AND f.generation OPERATOR(pg_catalog.<) $1", 1, types);
-		lock_one = sh_prepare_kept("SELECT f.generation FROM status_history.floors AS f"
-								   " WHERE f.replica_id OPERATOR(pg_catalog.=) $2 FOR UPDATE", 2, types);
 		raise_one = sh_prepare_kept("INSERT INTO status_history.floors AS f (replica_id, generation)"
 									" VALUES ($2, $1) ON CONFLICT (replica_id) DO UPDATE"
 									" SET generation = pg_catalog.int8larger(f.generation, $1)",
 									2, types);
 	}
+	/* Prepared only where the schema has what they name. */
+	if (has_retired && lock_one == NULL)
+	{
+		lock_one = sh_prepare_kept("SELECT f.generation, f.retired_at FROM status_history.floors AS f"
+								   " WHERE f.replica_id OPERATOR(pg_catalog.=) $2 FOR UPDATE", 2, types);
+		retire_one = sh_prepare_kept("INSERT INTO status_history.floors AS f (replica_id, generation, retired_at)"
+									 " VALUES ($2, 0, status_history.monotonic_now())"
+									 " ON CONFLICT (replica_id) DO UPDATE"
+									 " SET retired_at = status_history.monotonic_now()"
+									 " WHERE f.retired_at IS NULL",
+									 2, types);
+	}
+	if (!has_retired && lock_one_020 == NULL)
+		lock_one_020 = sh_prepare_kept("SELECT f.generation, NULL::pg_catalog.timestamptz"
+									   "  FROM status_history.floors AS f"
+									   " WHERE f.replica_id OPERATOR(pg_catalog.=) $2 FOR UPDATE", 2, types);
 	if (replica_null)
 	{
 		if (current_all > generation)
-			refuse_fenced(generation, current_all, "every object (database-wide)");
+			sh_fence_refuse(generation, current_all, "every object (database-wide)");
 		refuse_fenced_objects(generation);
 		ret = sh_execute_own(raise_all, args, NULL);
 	}
 	else
 	{
-		ret = sh_execute_latest(lock_one, args, NULL, false, 0);
+		ret = sh_execute_latest(has_retired ? lock_one : lock_one_020, args, NULL, false, 0);
 		if (ret == SPI_OK_SELECT && SPI_processed == 1)
 		{
 			int64		current = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
 															  SPI_tuptable->tupdesc, 1, &isnull));
 
-			if (current > generation)
-				refuse_fenced(generation, current,
+			(void) SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull);
+			if (!isnull && !retire)
+				refuse_retired(replica_id);
+			if (!isnull)
+				changed = false;	/* retired already: retiring again is a no-op */
+			else if (current > generation && !retire)
+				sh_fence_refuse(generation, current,
 							  psprintf("replica \"%s\"", TextDatumGetCString(replica_id)));
 		}
-		ret = sh_execute_own(raise_one, args, NULL);
+		ret = !changed ? SPI_OK_UPDATE :
+			sh_execute_own(retire ? retire_one : raise_one, args, NULL);
 	}
 	if (ret != SPI_OK_UPDATE && ret != SPI_OK_INSERT)
 		elog(ERROR, "status_history: raising a floor failed: %s", SPI_result_code_string(ret));
 	sh_restore_user(&saved);
 	SPI_finish();
+	if (!changed)
+		return false;
 
 	/* Our own reports must see it too. */
 	forget_floors();
 
 	SET_LOCKTAG_RELATION(tag, MyDatabaseId, relid);
 	WaitForLockers(tag, ShareLock, false);
+	return true;
+}
+
+/*
+ * Retire a replica: from now on its reports are stale (its floor is above
+ * every generation), once every reporter that read its floor before is
+ * done.  False when it was retired already.
+ */
+bool
+sh_fence_retire(Datum replica_id)
+{
+	return raise_floor(0, replica_id, false, true);
 }
 
 /* Bytewise order of object ids: the one order every batch locks in. */
@@ -395,6 +480,7 @@ scope_ids(Datum replica_id, bool replica_null, Datum **ids)
 {
 	static SPIPlanPtr all_plan = NULL;
 	static SPIPlanPtr replica_plan = NULL;
+	static SPIPlanPtr replica_plan_020 = NULL;	/* no replica_state yet */
 	Oid			types[1] = {TEXTOID};
 	Datum		args[1] = {replica_id};
 	MemoryContext outer = CurrentMemoryContext;
@@ -405,12 +491,15 @@ scope_ids(Datum replica_id, bool replica_null, Datum **ids)
 	SPI_connect();
 	sh_become_owner(sh_relation_oid("objects"), &saved);
 	if (all_plan == NULL)
-	{
 		all_plan = sh_prepare_kept("SELECT o.object_id FROM status_history.objects AS o", 0, NULL);
-		replica_plan = sh_prepare_kept("SELECT DISTINCT h.object_id FROM status_history.history AS h"
-									   " WHERE h.replica_id OPERATOR(pg_catalog.=) $1", 1, types);
-	}
-	ret = sh_execute_latest(replica_null ? all_plan : replica_plan, args, NULL, true, 0);
+	if (sh_keys_enabled() && replica_plan == NULL)
+		replica_plan = sh_prepare_kept("SELECT k.object_id FROM status_history.replica_state AS k"
+									   " WHERE k.replica_id OPERATOR(pg_catalog.=) $1", 1, types);
+	if (!sh_keys_enabled() && replica_plan_020 == NULL)
+		replica_plan_020 = sh_prepare_kept("SELECT DISTINCT h.object_id FROM status_history.history AS h"
+										   " WHERE h.replica_id OPERATOR(pg_catalog.=) $1", 1, types);
+	ret = sh_execute_latest(replica_null ? all_plan :
+							sh_keys_enabled() ? replica_plan : replica_plan_020, args, NULL, true, 0);
 	if (ret != SPI_OK_SELECT)
 		elog(ERROR, "status_history: reading the scope failed: %s", SPI_result_code_string(ret));
 	n = (int) SPI_processed;
@@ -456,8 +545,8 @@ set_lock_timeout(int ms)
  * the attempt locked is released, the holder of that object is waited for
  * without holding anything, and the attempt starts over.
  */
-static void
-lock_scope(Datum *ids, int n)
+void
+sh_fence_lock_scope(Datum *ids, int n)
 {
 	MemoryContext cxt = CurrentMemoryContext;
 	ResourceOwner owner = CurrentResourceOwner;
@@ -530,8 +619,8 @@ lock_scope(Datum *ids, int n)
  * Hand the rows of an "INSERT ... RETURNING h" (one whole-row column of the
  * history's row type, dropped columns and all) to an SRF's tuplestore.
  */
-static void
-put_returned_rows(ReturnSetInfo *rsinfo)
+void
+sh_fence_put_returned_rows(ReturnSetInfo *rsinfo)
 {
 	for (uint64 i = 0; i < SPI_processed; i++)
 	{
@@ -555,6 +644,7 @@ append_copies(ReturnSetInfo *rsinfo, Datum *ids, int n, int64 generation,
 {
 	static SPIPlanPtr current_plan = NULL;
 	static SPIPlanPtr replica_plan = NULL;
+	static SPIPlanPtr replica_plan_020 = NULL;	/* no replica_state yet */
 	Oid			types[3] = {TEXTARRAYOID, INT8OID, TEXTOID};
 	Datum		args[3];
 	char		nulls[3] = {' ', ' ', replica_null ? 'n' : ' '};
@@ -576,6 +666,9 @@ append_copies(ReturnSetInfo *rsinfo, Datum *ids, int n, int64 generation,
 									   "  WHERE o.occurred_at IS NOT NULL AND o.status OPERATOR(pg_catalog.<>) 'dropped'"
 									   "  ORDER BY s.n"
 									   " RETURNING h", 3, types);
+	}
+	if (sh_keys_enabled() && replica_plan == NULL)
+	{
 		/* The replica's newest non-stale report of every live object. */
 		replica_plan = sh_prepare_kept(
 									   "INSERT INTO status_history.history AS h"
@@ -583,21 +676,38 @@ append_copies(ReturnSetInfo *rsinfo, Datum *ids, int n, int64 generation,
 									   " SELECT o.object_id, r.status, r.error, r.details, r.replica_id, $2, r.reported_at"
 									   "   FROM pg_catalog.unnest($1) WITH ORDINALITY AS s(id, n)"
 									   "   JOIN status_history.objects AS o ON o.object_id OPERATOR(pg_catalog.=) s.id"
-									   "  CROSS JOIN LATERAL ("
-									   "        SELECT r.status, r.error, r.details, r.replica_id, r.reported_at"
-									   "          FROM status_history.history AS r"
-									   "         WHERE r.replica_id OPERATOR(pg_catalog.=) $3"
-									   "           AND r.object_id OPERATOR(pg_catalog.=) o.object_id AND NOT r.stale"
-									   "         ORDER BY r.occurred_at DESC LIMIT 1) AS r"
+									   "   JOIN status_history.replica_state AS k"
+									   "     ON k.object_id OPERATOR(pg_catalog.=) o.object_id"
+									   "    AND k.replica_id OPERATOR(pg_catalog.=) $3"
+									   "   JOIN status_history.history AS r ON r.occurred_at OPERATOR(pg_catalog.=) k.occurred_at"
 									   "  WHERE o.occurred_at IS NOT NULL AND o.status OPERATOR(pg_catalog.<>) 'dropped'"
 									   "  ORDER BY s.n"
 									   " RETURNING h", 3, types);
 	}
+	if (!sh_keys_enabled() && replica_plan_020 == NULL)
+	{
+		replica_plan_020 = sh_prepare_kept(
+										   "INSERT INTO status_history.history AS h"
+										   " (object_id, status, error, details, replica_id, generation, reported_at)"
+										   " SELECT o.object_id, r.status, r.error, r.details, r.replica_id, $2, r.reported_at"
+										   "   FROM pg_catalog.unnest($1) WITH ORDINALITY AS s(id, n)"
+										   "   JOIN status_history.objects AS o ON o.object_id OPERATOR(pg_catalog.=) s.id"
+										   "  CROSS JOIN LATERAL ("
+										   "        SELECT r.status, r.error, r.details, r.replica_id, r.reported_at"
+										   "          FROM status_history.history AS r"
+										   "         WHERE r.replica_id OPERATOR(pg_catalog.=) $3"
+										   "           AND r.object_id OPERATOR(pg_catalog.=) o.object_id AND NOT r.stale"
+										   "         ORDER BY r.occurred_at DESC LIMIT 1) AS r"
+										   "  WHERE o.occurred_at IS NOT NULL AND o.status OPERATOR(pg_catalog.<>) 'dropped'"
+										   "  ORDER BY s.n"
+										   " RETURNING h", 3, types);
+	}
 	/* Runs as the caller's definer (SECURITY DEFINER): the extension owner. */
-	ret = sh_execute_latest(replica_null ? current_plan : replica_plan, args, nulls, false, 0);
+	ret = sh_execute_latest(replica_null ? current_plan :
+							sh_keys_enabled() ? replica_plan : replica_plan_020, args, nulls, false, 0);
 	if (ret != SPI_OK_INSERT_RETURNING)
 		elog(ERROR, "status_history: re-stamping failed: %s", SPI_result_code_string(ret));
-	put_returned_rows(rsinfo);
+	sh_fence_put_returned_rows(rsinfo);
 	SPI_finish();
 }
 
@@ -625,12 +735,8 @@ check_reconnect_args(FunctionCallInfo fcinfo)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("object_ids must be a one-dimensional array"),
 				 errhint("List object ids only, or pass NULL to reconnect every object in scope.")));
-	if (xact_reported && PG_ARGISNULL(2))
-		ereport(ERROR,
-				(errcode(ERRCODE_ACTIVE_SQL_TRANSACTION),
-				 errmsg("reconnect() without object_ids must run before any report in its transaction"),
-				 errdetail("It waits for every transaction that is reporting, and this one already holds object locks."),
-				 errhint("Call reconnect() in its own transaction or first in it, or list the objects in object_ids.")));
+	if (PG_ARGISNULL(2))
+		sh_fence_check_unreported("reconnect() without object_ids");
 }
 
 /* The listed ids, checked. */
@@ -684,19 +790,23 @@ status_history_reconnect(PG_FUNCTION_ARGS)
 		in_reconnect = true;
 		if (PG_ARGISNULL(2))
 		{
-			raise_floor(generation, replica_id, replica_null);
+			(void) raise_floor(generation, replica_id, replica_null, false);
 			n = scope_ids(replica_id, replica_null, &ids);
 		}
 		else
+		{
+			if (!replica_null && sh_fence_floor(replica_id, false) == SH_RETIRED)
+				refuse_retired(replica_id);
 			n = listed_ids(PG_GETARG_ARRAYTYPE_P(2), &ids);
+		}
 		n = sh_sort_ids(ids, n);
-		lock_scope(ids, n);
+		sh_fence_lock_scope(ids, n);
 		for (int i = 0; i < n; i++)
 		{
 			ShObjectState *state = sh_objects_lock(ids[i], 0);
 
 			if (state->fence > generation)
-				refuse_fenced(generation, state->fence,
+				sh_fence_refuse(generation, state->fence,
 							  psprintf("object \"%s\"", TextDatumGetCString(ids[i])));
 		}
 		sh_objects_raise_fences(ids, n, generation);

@@ -503,7 +503,7 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 		stale = DatumGetBool(values[cols.stale]);
 	else
 		stale = (!nulls[cols.stale] && DatumGetBool(values[cols.stale])) ||
-			generation < state->fence || generation < floor ||
+			generation < state->fence || generation < floor || floor == SH_RETIRED ||
 			(state->has_current && strcmp(state->status, "dropped") == 0) ||
 		/* dropped is terminal: not before reports already recorded after it */
 			(state->has_current && stamp < state->current_at &&

@@ -6,6 +6,7 @@
  * objects.c  per-object state: locking, the write-back cache and its undo log
  * keys.c     per-key state (object_id, replica_id): reading, writing back, recomputing
  * fence.c    generation floors and reconnect()
+ * retire.c   retire_replica(): a replica gone for good
  * history.c  the triggers on status_history.history, report() and report_many()
  * latest.c   the latest() set-returning function; copying history rows into a result
  * prune.c    prune(): removing old history, and the one DELETE the history lets through
@@ -129,6 +130,14 @@ extern void sh_fence_forget_floors(void);
 extern bool sh_fence_in_reconnect(void);
 extern void sh_fence_note_report(void);
 extern int	sh_sort_ids(Datum *ids, int n);
+/* The floor of a retired replica: above every generation. */
+#define SH_RETIRED PG_INT64_MAX
+extern bool sh_fence_retire(Datum replica_id);
+extern void sh_fence_lock_scope(Datum *ids, int n);
+extern void sh_fence_put_returned_rows(ReturnSetInfo *rsinfo);
+extern void sh_fence_refuse(int64 generation, int64 fence, const char *what);
+extern void sh_fence_set_in_reconnect(bool on);
+extern void sh_fence_check_unreported(const char *what);
 
 /* prune.c */
 extern bool sh_prune_take_delete(void);
