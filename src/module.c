@@ -47,6 +47,7 @@ _PG_init(void)
 	sh_objects_init();
 	sh_history_init();
 	sh_fence_init();
+	sh_notify_init();
 }
 
 /* The OID of status_history.<relname>, or InvalidOid (an older version's schema). */

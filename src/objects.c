@@ -347,6 +347,8 @@ read_state(TupleTableSlot *slot, const ObjectColumns *cols, ShObjectState *state
 		text_to_cstring_buffer(DatumGetTextPP(d), state->status, sizeof(state->status));
 	d = slot_getattr(slot, cols->status_since, &isnull);
 	state->status_since = isnull ? state->current_at : DatumGetTimestampTz(d);
+	state->has_written = true;
+	strlcpy(state->written, state->status, sizeof(state->written));
 }
 
 /*
@@ -877,6 +879,31 @@ write_keys(CachedObject **batch, int n)
 	pfree(keys);
 }
 
+/*
+ * Tell listeners about every written entry whose status is not the one it
+ * had at its previous write-back (notify.c has the rule).
+ */
+static void
+notify_changes(CachedObject **entries, int n)
+{
+	for (int i = 0; i < n; i++)
+	{
+		ShObjectState *state = &entries[i]->state;
+		bool		known = entries[i] == last_entry && last_stamp == state->current_at;
+
+		if (!state->has_current ||
+			(state->has_written && strcmp(state->written, state->status) == 0))
+			continue;
+		if (sh_notify_wanted())
+			sh_notify_change(entries[i]->key, state->status,
+							 state->has_written ? state->written : NULL, state->current_at,
+							 known && !last_report.nulls[3] ?
+							 TextDatumGetCString(last_report.values[3]) : NULL, known);
+		state->has_written = true;
+		strlcpy(state->written, state->status, sizeof(state->written));
+	}
+}
+
 /* Write a batch of dirty entries; entries were saved for undo already. */
 static void
 write_batch(CachedObject **batch, int n)
@@ -889,6 +916,7 @@ write_batch(CachedObject **batch, int n)
 		if (batch[i]->recompute || batch[i]->state.pending > 0)
 			objects[m++] = batch[i];
 	write_objects(objects, m);
+	notify_changes(objects, m);
 	pfree(objects);
 	write_keys(batch, n);
 }
@@ -1349,9 +1377,13 @@ objects_xact_callback(XactEvent event, void *arg)
 	switch (event)
 	{
 		case XACT_EVENT_PRE_COMMIT:
-		case XACT_EVENT_PRE_PREPARE:
 			/* The safety net: nothing dirty may outlive the transaction. */
 			sh_objects_flush(true);
+			sh_notify_pre_commit();
+			break;
+		case XACT_EVENT_PRE_PREPARE:
+			sh_objects_flush(true);
+			sh_notify_reset();	/* a prepared transaction may not NOTIFY */
 			break;
 		case XACT_EVENT_PARALLEL_PRE_COMMIT:
 			break;
@@ -1363,6 +1395,7 @@ objects_xact_callback(XactEvent event, void *arg)
 			writing = false;
 			inflight = NULL;
 			last_entry = NULL;
+			sh_notify_reset();
 			break;
 	}
 }
@@ -1371,6 +1404,8 @@ static void
 objects_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 						 SubTransactionId parentSubid, void *arg)
 {
+	if (event == SUBXACT_EVENT_ABORT_SUB || event == SUBXACT_EVENT_COMMIT_SUB)
+		sh_notify_subxact(event == SUBXACT_EVENT_COMMIT_SUB);
 	if (cache == NULL)
 		return;
 	if (event == SUBXACT_EVENT_ABORT_SUB)

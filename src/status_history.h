@@ -7,6 +7,7 @@
  * keys.c     per-key state (object_id, replica_id): reading, writing back, recomputing
  * fence.c    generation floors and reconnect()
  * retire.c   retire_replica(): a replica gone for good
+ * notify.c   NOTIFY status_history when an object's status changes
  * history.c  the triggers on status_history.history, report() and report_many()
  * latest.c   the latest() set-returning function; copying history rows into a result
  * prune.c    prune(): removing old history, and the one DELETE the history lets through
@@ -63,6 +64,9 @@ typedef struct ShObjectState
 	int32		pending;
 	TimestampTz pending_first;
 	bool		pending_may_skip;	/* one of them may have been skipped */
+	/* The status as last written (or read): what a change is measured against. */
+	bool		has_written;
+	char		written[16];
 } ShObjectState;
 
 /*
@@ -112,6 +116,15 @@ extern bool sh_keys_enabled(void);
 extern void sh_keys_read(Datum object_id, ShKeyState *key);
 extern void sh_keys_write(text **object_ids, ShKeyState **keys, int n);
 extern void sh_keys_recompute(text *object_id, ShKeyState *cached, int ncached);
+
+/* notify.c */
+extern void sh_notify_init(void);
+extern bool sh_notify_wanted(void);
+extern void sh_notify_change(text *object_id, const char *status, const char *previous,
+							 TimestampTz at, const char *replica, bool known);
+extern void sh_notify_pre_commit(void);
+extern void sh_notify_reset(void);
+extern void sh_notify_subxact(bool commit);
 
 /* history.c */
 #define SH_NSTATUSES 6
