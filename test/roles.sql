@@ -9,14 +9,15 @@
 BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
 CREATE EXTENSION status_history;
-SELECT plan(39);
+SELECT plan(41);
 
 -- The recipe (README, "Roles").
 CREATE ROLE sh_reporter NOLOGIN;
 GRANT INSERT ON status_history.history TO sh_reporter;
 CREATE ROLE sh_controller NOLOGIN;
 GRANT sh_reporter TO sh_controller;
-GRANT EXECUTE ON FUNCTION status_history.reconnect(bigint, text, text[]) TO sh_controller;
+GRANT EXECUTE ON FUNCTION status_history.reconnect(bigint, text, text[]),
+                          status_history.retire_replica(text, bigint) TO sh_controller;
 CREATE ROLE sh_reader NOLOGIN;
 CREATE ROLE sh_admin NOLOGIN;
 ALTER TABLE status_history.history OWNER TO sh_admin;
@@ -46,6 +47,7 @@ SELECT lives_ok($$INSERT INTO status_history.history (object_id, status) VALUES 
 SELECT lives_ok($$SELECT status_history.report_many(ARRAY['r3', 'r1'], ARRAY['running', 'stalled'])$$,
                 'reporter: report_many()');
 SELECT throws_ok($$SELECT * FROM status_history.reconnect(5)$$, '42501', NULL, 'reporter: no reconnect()');
+SELECT throws_ok($$SELECT status_history.retire_replica('gone')$$, '42501', NULL, 'reporter: no retire_replica()');
 SELECT throws_ok($$SELECT * FROM status_history.statuses$$, '42501', NULL, 'reporter: does not read statuses');
 SELECT throws_ok($$SELECT * FROM status_history.history$$, '42501', NULL, 'reporter: does not read the history');
 SELECT throws_ok($$SELECT * FROM status_history.time_in_status('-infinity', 'infinity')$$, '42501', NULL,
@@ -92,6 +94,9 @@ SELECT throws_ok($$INSERT INTO status_history.history (occurred_at, object_id, s
 SELECT throws_ok($$UPDATE status_history.objects SET fence = 0$$, '42501', NULL, 'controller: fences only through reconnect()');
 SELECT throws_ok($$SELECT * FROM status_history.statuses$$, '42501', NULL, 'controller: does not read statuses');
 SELECT throws_ok($$SELECT status_history.prune(1)$$, '42501', NULL, 'controller: no prune()');
+-- (Past the privilege check: refused only because this transaction has reported.)
+SELECT throws_ok($$SELECT status_history.retire_replica('gone')$$, '25001', NULL,
+                 'controller: may call retire_replica()');
 RESET ROLE;
 -- (reconnect() without a list waits for running reporters; its own transaction here has reported.)
 SELECT is((SELECT fence FROM status_history.objects WHERE object_id = 'r1'), 2::bigint,

@@ -12,7 +12,7 @@ CREATE SCHEMA evil;
 SET search_path = evil, public;
 CREATE EXTENSION status_history;
 RESET search_path;
-SELECT plan(63);
+SELECT plan(68);
 
 SELECT has_schema('status_history');
 SELECT has_table('status_history', 'history', 'history table exists');
@@ -81,6 +81,11 @@ SELECT is(
 SELECT has_function('status_history', 'report_many',
     ARRAY['text[]', 'text[]', 'text[]', 'jsonb[]', 'text[]', 'bigint[]', 'timestamp with time zone[]']);
 SELECT function_lang_is('status_history', 'reconnect', ARRAY['bigint', 'text', 'text[]'], 'c', 'reconnect() is C');
+SELECT has_function('status_history', 'retire_replica', ARRAY['text', 'bigint']);
+SELECT is_definer('status_history', 'retire_replica', ARRAY['text', 'bigint'],
+                  'retire_replica() runs as the owner, for controllers granted EXECUTE');
+SELECT hasnt_index('status_history', 'history', 'history_replica_idx',
+                   'no replica index on the history: replica_state finds a replica''s reports');
 SELECT has_function('status_history', 'prune', ARRAY['integer', 'interval']);
 SELECT function_returns('status_history', 'prune', ARRAY['integer', 'interval'], 'bigint');
 SELECT is_definer('status_history', 'prune', ARRAY['integer', 'interval'],
@@ -126,6 +131,10 @@ SELECT is_empty(
 -- Privileges: readers may read; only granted roles write or fence.
 SELECT function_privs_are('status_history', 'reconnect', ARRAY['bigint', 'text', 'text[]'],
                           'public', '{}', 'reconnect() is not executable by PUBLIC');
+SELECT function_privs_are('status_history', 'retire_replica', ARRAY['text', 'bigint'],
+                          'public', '{}', 'retire_replica() is not executable by PUBLIC');
+SELECT has_index('status_history', 'replica_state', 'replica_state_replica_idx', ARRAY['replica_id', 'object_id'],
+                 'the objects of a replica, by index');
 SELECT function_privs_are('status_history', 'prune', ARRAY['integer', 'interval'],
                           'public', '{}', 'prune() is not executable by PUBLIC');
 SELECT function_privs_are('status_history', 'report_many',
