@@ -27,6 +27,8 @@ SELECT object_id, coalesce(replica_id, '-') AS replica, status, error, details, 
   FROM status_history.statuses ORDER BY object_id;
 SELECT count(*) AS rows_appended FROM status_history.history WHERE occurred_at > :'before_retire';
 SELECT replica_id, retired_at IS NOT NULL AS retired FROM status_history.floors WHERE replica_id = 'r2';
+SELECT object_id, replica_id, status, retired FROM status_history.replica_statuses
+ WHERE replica_id IN ('r1', 'r2') ORDER BY object_id, replica_id;
 -- Its reports are stale from now on, whatever their generation.
 SELECT status, stale FROM status_history.report('a', 'running', replica_id => 'r2', generation => 100);
 SELECT object_id, replica_id, status FROM status_history.statuses WHERE object_id = 'a';

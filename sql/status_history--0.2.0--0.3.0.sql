@@ -92,10 +92,13 @@ CREATE VIEW status_history.replica_statuses AS
            k.status_since,
            h.reported_at,
            k.last_at,
-           k.last_seen_at
+           k.last_seen_at,
+           f.retired_at IS NOT NULL AS retired
       FROM status_history.replica_state AS k
       LEFT JOIN status_history.history AS h
-        ON h.occurred_at OPERATOR(pg_catalog.=) k.occurred_at;
+        ON h.occurred_at OPERATOR(pg_catalog.=) k.occurred_at
+      LEFT JOIN status_history.floors AS f
+        ON f.replica_id OPERATOR(pg_catalog.=) k.replica_id;
 
 COMMENT ON VIEW status_history.replica_statuses IS
     'One row per key (object_id, replica_id): its newest non-stale report, and when it last reported; WHERE object_id = ... is an index lookup.';
@@ -114,6 +117,8 @@ COMMENT ON COLUMN status_history.replica_statuses.last_at IS
     'Stamp of the key''s newest row, stale or not.';
 COMMENT ON COLUMN status_history.replica_statuses.last_seen_at IS
     'When the key last reported anything, repeats included (heartbeats).';
+COMMENT ON COLUMN status_history.replica_statuses.retired IS
+    'The replica was retired by retire_replica(): its reports are stale and its key no longer counts.';
 
 
 CREATE FUNCTION status_history.retire_replica(

@@ -132,6 +132,58 @@ key_array(Datum *elems, bool *nulls, int n, Oid elemtype)
 											  typlen, typbyval, typalign));
 }
 
+/* The columns of a key write, as parameters: id, replica, last, seen, current, status, since. */
+static void
+key_params(text *object_id, const ShKeyState *k, Datum *values, char *nulls)
+{
+	values[0] = PointerGetDatum(object_id);
+	values[1] = PointerGetDatum(k->replica_id);
+	values[2] = TimestampTzGetDatum(k->last_at);
+	values[3] = TimestampTzGetDatum(Max(k->last_seen_at, k->last_at));
+	values[4] = TimestampTzGetDatum(k->current_at);
+	values[5] = k->has_current ? CStringGetTextDatum(k->status) : (Datum) 0;
+	values[6] = TimestampTzGetDatum(k->status_since);
+	for (int i = 0; i < 7; i++)
+		nulls[i] = ' ';
+	if (k->replica_id == NULL)
+		nulls[1] = 'n';
+	if (!k->has_current)
+		nulls[4] = nulls[5] = nulls[6] = 'n';
+}
+
+/*
+ * Write one key whose row exists with a plain UPDATE (the common case: a
+ * report on a key seen before); false when the row was not there.
+ */
+static bool
+update_one(text *object_id, const ShKeyState *k)
+{
+	static SPIPlanPtr plans[2] = {NULL, NULL};
+	Oid			types[7] = {TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID,
+		TIMESTAMPTZOID, TEXTOID, TIMESTAMPTZOID};
+	Datum		values[7];
+	char		nulls[7];
+	int			which = k->replica_id == NULL ? 0 : 1;
+	int			ret;
+
+	/* Two plans, so that both use the unique index (IS NOT DISTINCT FROM would not). */
+	if (plans[which] == NULL)
+		plans[which] = sh_prepare_kept(psprintf(
+												"UPDATE status_history.replica_state AS k"
+												"   SET last_at = $3,"
+												"       last_seen_at = pg_catalog.timestamptz_larger(k.last_seen_at, $4),"
+												"       occurred_at = $5, status = $6, status_since = $7"
+												" WHERE k.object_id OPERATOR(pg_catalog.=) $1 AND %s",
+												which == 0 ? "k.replica_id IS NULL AND $2 IS NULL" :
+												"k.replica_id OPERATOR(pg_catalog.=) $2"),
+									   7, types);
+	key_params(object_id, k, values, nulls);
+	ret = sh_execute_own(plans[which], values, nulls);
+	if (ret != SPI_OK_UPDATE)
+		elog(ERROR, "status_history: writing back a key failed: %s", SPI_result_code_string(ret));
+	return SPI_processed == 1;
+}
+
 /*
  * Write n keys from their cached values (inside SPI as the owner).  Every
  * row they point at is stored: a key one of whose rows may have been
@@ -148,6 +200,8 @@ sh_keys_write(text **object_ids, ShKeyState **keys, int n)
 	Datum		args[7];
 	int			ret;
 
+	if (n == 1 && keys[0]->stored && update_one(object_ids[0], keys[0]))
+		return;
 	if (plan == NULL)
 		plan = sh_prepare_kept("INSERT INTO status_history.replica_state AS k"
 							   " (object_id, replica_id, last_at, last_seen_at, occurred_at, status, status_since)"

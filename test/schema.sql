@@ -24,7 +24,7 @@ SELECT has_table('status_history', 'replica_state', 'per-key state table exists'
 SELECT has_view('status_history', 'replica_statuses', 'replica_statuses view exists');
 SELECT columns_are('status_history', 'replica_statuses',
     ARRAY['object_id', 'replica_id', 'status', 'error', 'details', 'generation', 'occurred_at',
-          'status_since', 'reported_at', 'last_at', 'last_seen_at'],
+          'status_since', 'reported_at', 'last_at', 'last_seen_at', 'retired'],
     'replica_statuses has the documented columns');
 
 -- The columns of the history, in this order, with these types.
