@@ -389,6 +389,100 @@ COMMENT ON COLUMN status_history.replica_statuses.last_seen_at IS
 COMMENT ON COLUMN status_history.replica_statuses.retired IS
     'The replica was retired by retire_replica(): its reports are stale and its key no longer counts.';
 
+-- @@ precedence
+-- One status per object by precedence, the rule of Materialize's
+-- mz_source_statuses (opt-in; statuses and latest() keep "latest report
+-- wins"): of each counted key's newest non-stale report, the one of highest
+-- precedence dropped > running > stalled > starting > paused > ceased, the
+-- newest among equals.  A retired replica's keys count only with a paused
+-- report.  One LATERAL probe per object over replica_state_key picks the key;
+-- the history is read once per object, by its primary key.
+CREATE VIEW status_history.statuses_by_precedence AS
+    SELECT o.object_id,
+           h.status,
+           h.error,
+           h.details,
+           h.replica_id,
+           h.generation,
+           h.occurred_at,
+           k.status_since,
+           h.reported_at,
+           o.fence
+      FROM status_history.objects AS o
+     CROSS JOIN LATERAL (
+           SELECT s.occurred_at, s.status_since
+             FROM status_history.replica_state AS s
+            WHERE s.object_id OPERATOR(pg_catalog.=) o.object_id
+              AND s.occurred_at IS NOT NULL
+              AND (s.status OPERATOR(pg_catalog.=) 'paused'
+                   OR NOT EXISTS (SELECT FROM status_history.floors AS f
+                                   WHERE f.replica_id OPERATOR(pg_catalog.=) s.replica_id
+                                     AND f.retired_at IS NOT NULL))
+            ORDER BY pg_catalog.array_position('{ceased,paused,starting,stalled,running,dropped}'::text[],
+                                               s.status) DESC NULLS LAST,
+                     s.occurred_at DESC
+            LIMIT 1) AS k
+      JOIN status_history.history AS h
+        ON h.occurred_at OPERATOR(pg_catalog.=) k.occurred_at
+     WHERE h.status OPERATOR(pg_catalog.<>) 'dropped';
+
+COMMENT ON VIEW status_history.statuses_by_precedence IS
+    'One status per object by precedence (Materialize''s rule, opt-in): of each live key''s newest non-stale report (a retired replica''s key only when paused), the highest of dropped > running > stalled > starting > paused > ceased, the newest among equals; dropped objects hidden. WHERE object_id = ... is an index lookup.';
+COMMENT ON COLUMN status_history.statuses_by_precedence.object_id IS 'The object.';
+COMMENT ON COLUMN status_history.statuses_by_precedence.status IS 'Status of the chosen report.';
+COMMENT ON COLUMN status_history.statuses_by_precedence.error IS 'Error of the chosen report.';
+COMMENT ON COLUMN status_history.statuses_by_precedence.details IS 'Details of the chosen report.';
+COMMENT ON COLUMN status_history.statuses_by_precedence.replica_id IS
+    'Replica of the chosen report (NULL: a report without one).';
+COMMENT ON COLUMN status_history.statuses_by_precedence.generation IS 'Generation of the chosen report.';
+COMMENT ON COLUMN status_history.statuses_by_precedence.occurred_at IS 'Stamp of the chosen report.';
+COMMENT ON COLUMN status_history.statuses_by_precedence.status_since IS
+    'When the chosen key entered that status (first report of its current unbroken run).';
+COMMENT ON COLUMN status_history.statuses_by_precedence.reported_at IS 'Reporter clock of the chosen report.';
+COMMENT ON COLUMN status_history.statuses_by_precedence.fence IS 'The object''s fence generation.';
+
+CREATE FUNCTION status_history.latest_by_precedence(
+    object_ids      text[]  DEFAULT NULL,
+    include_dropped boolean DEFAULT false)
+RETURNS SETOF status_history.history
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    -- Every object, or (a second branch, so that a list is an index lookup
+    -- also under the generic plan a SQL function gets) the listed ones.  The
+    -- key is chosen as in statuses_by_precedence, verbatim (a shared view or
+    -- function would cost a schema object or a call per object); the
+    -- regression test precedence checks both against brute force.
+    WITH scope AS (
+        SELECT o.object_id FROM status_history.objects AS o
+         WHERE object_ids IS NULL
+        UNION ALL
+        SELECT o.object_id FROM status_history.objects AS o
+         WHERE o.object_id OPERATOR(pg_catalog.=) ANY (object_ids)
+    )
+    SELECT h.*
+      FROM scope AS o
+     CROSS JOIN LATERAL (
+           SELECT s.occurred_at
+             FROM status_history.replica_state AS s
+            WHERE s.object_id OPERATOR(pg_catalog.=) o.object_id
+              AND s.occurred_at IS NOT NULL
+              AND (s.status OPERATOR(pg_catalog.=) 'paused'
+                   OR NOT EXISTS (SELECT FROM status_history.floors AS f
+                                   WHERE f.replica_id OPERATOR(pg_catalog.=) s.replica_id
+                                     AND f.retired_at IS NOT NULL))
+            ORDER BY pg_catalog.array_position('{ceased,paused,starting,stalled,running,dropped}'::text[],
+                                               s.status) DESC NULLS LAST,
+                     s.occurred_at DESC
+            LIMIT 1) AS k
+      JOIN status_history.history AS h
+        ON h.occurred_at OPERATOR(pg_catalog.=) k.occurred_at
+     WHERE include_dropped IS TRUE OR h.status OPERATOR(pg_catalog.<>) 'dropped'
+$$;
+
+COMMENT ON FUNCTION status_history.latest_by_precedence(text[], boolean) IS
+    'For each object (or each listed one), its report chosen by precedence as in statuses_by_precedence; dropped objects only when include_dropped.';
+
 CREATE FUNCTION status_history.retire_replica(
     replica_id text,
     generation bigint DEFAULT NULL)
@@ -468,8 +562,9 @@ REVOKE ALL ON ALL FUNCTIONS IN SCHEMA status_history FROM PUBLIC;
 GRANT USAGE ON SCHEMA status_history TO PUBLIC;
 GRANT SELECT ON status_history.history, status_history.objects, status_history.floors,
                 status_history.statuses, status_history.replica_state,
-                status_history.replica_statuses TO PUBLIC;
+                status_history.replica_statuses, status_history.statuses_by_precedence TO PUBLIC;
 GRANT EXECUTE ON FUNCTION status_history.latest(text[], boolean) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION status_history.latest_by_precedence(text[], boolean) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION status_history.monotonic_now() TO PUBLIC;
 GRANT EXECUTE ON FUNCTION status_history.report(text, text, text, jsonb, text, bigint, timestamptz) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION status_history.report_many(text[], text[], text[], jsonb[], text[], bigint[], timestamptz[]) TO PUBLIC;

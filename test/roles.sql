@@ -9,7 +9,7 @@
 BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
 CREATE EXTENSION status_history;
-SELECT plan(41);
+SELECT plan(44);
 
 -- The recipe (README, "Roles").
 CREATE ROLE sh_reporter NOLOGIN;
@@ -24,11 +24,15 @@ ALTER TABLE status_history.history OWNER TO sh_admin;
 GRANT EXECUTE ON FUNCTION status_history.prune(integer, interval) TO sh_admin;
 -- Least privilege: only the reader role reads; PUBLIC no longer does.
 REVOKE SELECT ON status_history.history, status_history.objects, status_history.floors,
-                 status_history.statuses FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION status_history.latest(text[], boolean) FROM PUBLIC;
+                 status_history.statuses, status_history.statuses_by_precedence,
+                 status_history.replica_state, status_history.replica_statuses FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION status_history.latest(text[], boolean),
+                           status_history.latest_by_precedence(text[], boolean) FROM PUBLIC;
 GRANT SELECT ON status_history.history, status_history.objects, status_history.floors,
-                status_history.statuses TO sh_reader, sh_admin;
-GRANT EXECUTE ON FUNCTION status_history.latest(text[], boolean) TO sh_reader, sh_admin;
+                status_history.statuses, status_history.statuses_by_precedence,
+                status_history.replica_state, status_history.replica_statuses TO sh_reader, sh_admin;
+GRANT EXECUTE ON FUNCTION status_history.latest(text[], boolean),
+                          status_history.latest_by_precedence(text[], boolean) TO sh_reader, sh_admin;
 REVOKE EXECUTE ON FUNCTION status_history.history_of(text, timestamptz, timestamptz),
                            status_history.intervals(text, timestamptz, timestamptz),
                            status_history.time_in_status(timestamptz, timestamptz, text[]) FROM PUBLIC;
@@ -49,6 +53,9 @@ SELECT lives_ok($$SELECT status_history.report_many(ARRAY['r3', 'r1'], ARRAY['ru
 SELECT throws_ok($$SELECT * FROM status_history.reconnect(5)$$, '42501', NULL, 'reporter: no reconnect()');
 SELECT throws_ok($$SELECT status_history.retire_replica('gone')$$, '42501', NULL, 'reporter: no retire_replica()');
 SELECT throws_ok($$SELECT * FROM status_history.statuses$$, '42501', NULL, 'reporter: does not read statuses');
+SELECT throws_ok($$SELECT * FROM status_history.replica_statuses$$, '42501', NULL, 'reporter: does not read replica_statuses');
+SELECT throws_ok($$SELECT * FROM status_history.statuses_by_precedence$$, '42501', NULL,
+                 'reporter: does not read statuses_by_precedence');
 SELECT throws_ok($$SELECT * FROM status_history.history$$, '42501', NULL, 'reporter: does not read the history');
 SELECT throws_ok($$SELECT * FROM status_history.time_in_status('-infinity', 'infinity')$$, '42501', NULL,
                  'reporter: does not ask the history');
@@ -106,6 +113,9 @@ SELECT is((SELECT fence FROM status_history.objects WHERE object_id = 'r1'), 2::
 SET ROLE sh_reader;
 SELECT is((SELECT status FROM status_history.statuses WHERE object_id = 'r1'), 'paused', 'reader: statuses');
 SELECT is((SELECT count(*) FROM status_history.latest()), 4::bigint, 'reader: latest() (r1, r2, r3 and r9)');
+SELECT is((SELECT count(*) FROM status_history.statuses_by_precedence
+            WHERE (object_id, status) IN (SELECT l.object_id, l.status FROM status_history.latest_by_precedence() AS l)),
+          4::bigint, 'reader: statuses_by_precedence and latest_by_precedence()');
 SELECT cmp_ok((SELECT count(*) FROM status_history.history), '>', 0::bigint, 'reader: the history');
 SELECT lives_ok($$SELECT * FROM status_history.history_of('r1')$$ || $$; SELECT * FROM status_history.intervals('r1', '-infinity', 'infinity')$$
                 || $$; SELECT * FROM status_history.time_in_status('-infinity', 'infinity')$$,

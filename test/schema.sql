@@ -12,7 +12,7 @@ CREATE SCHEMA evil;
 SET search_path = evil, public;
 CREATE EXTENSION status_history;
 RESET search_path;
-SELECT plan(68);
+SELECT plan(77);
 
 SELECT has_schema('status_history');
 SELECT has_table('status_history', 'history', 'history table exists');
@@ -92,6 +92,24 @@ SELECT is_definer('status_history', 'prune', ARRAY['integer', 'interval'],
                   'prune() runs as the owner, for admins granted EXECUTE');
 SELECT function_lang_is('status_history', 'prune', ARRAY['integer', 'interval'], 'c', 'prune() is C');
 
+-- One status per object by precedence (opt-in): a view with the columns of
+-- statuses and a read-only SQL function returning history rows like latest().
+SELECT has_view('status_history', 'statuses_by_precedence', 'statuses_by_precedence view exists');
+SELECT columns_are('status_history', 'statuses_by_precedence',
+    ARRAY['object_id', 'status', 'error', 'details', 'replica_id', 'generation',
+          'occurred_at', 'status_since', 'reported_at', 'fence'],
+    'statuses_by_precedence has the columns of statuses');
+SELECT has_function('status_history', 'latest_by_precedence', ARRAY['text[]', 'boolean']);
+SELECT function_returns('status_history', 'latest_by_precedence', ARRAY['text[]', 'boolean'],
+                        'setof status_history.history');
+SELECT function_lang_is('status_history', 'latest_by_precedence', ARRAY['text[]', 'boolean'], 'sql',
+                        'latest_by_precedence() is SQL');
+SELECT volatility_is('status_history', 'latest_by_precedence', ARRAY['text[]', 'boolean'],
+                     'stable', 'latest_by_precedence() is STABLE');
+SELECT is((SELECT proconfig FROM pg_proc
+            WHERE oid = 'status_history.latest_by_precedence(text[], boolean)'::regprocedure),
+          ARRAY['search_path=pg_catalog, pg_temp'], 'latest_by_precedence() pins search_path');
+
 -- The history questions: read-only (STABLE), executable by PUBLIC.
 SELECT has_function('status_history', 'history_of', ARRAY['text', 'timestamp with time zone', 'timestamp with time zone']);
 SELECT has_function('status_history', 'intervals', ARRAY['text', 'timestamp with time zone', 'timestamp with time zone']);
@@ -157,6 +175,10 @@ SELECT table_privs_are('status_history', 'statuses', 'public', ARRAY['SELECT'],
                        'PUBLIC may read statuses');
 SELECT table_privs_are('status_history', 'replica_statuses', 'public', ARRAY['SELECT'],
                        'PUBLIC may read replica_statuses');
+SELECT table_privs_are('status_history', 'statuses_by_precedence', 'public', ARRAY['SELECT'],
+                       'PUBLIC may read statuses_by_precedence');
+SELECT function_privs_are('status_history', 'latest_by_precedence', ARRAY['text[]', 'boolean'],
+                          'public', ARRAY['EXECUTE'], 'latest_by_precedence() is executable by PUBLIC');
 SELECT table_privs_are('status_history', 'replica_state', 'public', ARRAY['SELECT'],
                        'PUBLIC may read the per-key state but not change it');
 SELECT sequence_privs_are('status_history', 'clock_bound', 'public', '{}',
@@ -189,10 +211,14 @@ INSERT INTO hostile
 SELECT 5, (SELECT count(*) FROM status_history.history_of('h0')) || ' '
           || (SELECT count(*) FROM status_history.intervals('h0', '-infinity', 'infinity')) || ' '
           || (SELECT count(*) FROM status_history.time_in_status('-infinity', 'infinity', ARRAY['h0']));
+INSERT INTO hostile
+SELECT 6, (SELECT p.status FROM status_history.statuses_by_precedence AS p
+            WHERE p.object_id OPERATOR(pg_catalog.=) 'h1') || ' '
+          || (SELECT l.generation FROM status_history.latest_by_precedence(ARRAY['h1']) AS l);
 RESET search_path;
 SELECT results_eq('SELECT step, result FROM hostile ORDER BY step',
-                  $$VALUES (1, 'running'), (2, 'running 1'), (3, 'running 1'), (4, 'running'), (4, 'running'), (5, '1 1 1')$$,
-                  'report, reconnect, latest, statuses and the history questions ignore a hostile search_path');
+                  $$VALUES (1, 'running'), (2, 'running 1'), (3, 'running 1'), (4, 'running'), (4, 'running'), (5, '1 1 1'), (6, 'running 1')$$,
+                  'report, reconnect, latest, statuses, the history questions and precedence ignore a hostile search_path');
 
 SELECT * FROM finish();
 ROLLBACK;
