@@ -87,5 +87,9 @@ SELECT s.status_since = f.occurred_at AS since_kept, s.occurred_at > f.occurred_
 SELECT stale FROM status_history.report('since', 'stalled', generation => 8);
 SELECT status_since = occurred_at AS since_moved FROM status_history.statuses WHERE object_id = 'since';
 
+-- A list is one-dimensional.
+SELECT * FROM status_history.latest('{{a}}');
+SELECT * FROM status_history.time_in_status('-infinity', 'infinity', '{{a}}');
+
 DROP VIEW brute;
 DROP EXTENSION status_history;

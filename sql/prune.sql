@@ -232,6 +232,8 @@ RESET ROLE;
 DROP TABLE history_count;
 DROP FUNCTION prune_check(int, interval), prune_expected(int, interval), random_reports(int),
               delete_more(), delete_first(), count_deleted(), sqlstate_of(text);
+-- older_than beyond the oldest timestamp: nothing is that old (no error).
+SELECT status_history.prune(1, older_than => interval '1000000 years') >= 0 AS far_enough;
 DROP EXTENSION status_history;
 DROP ROLE sh_prune_admin;
 \c :regress_db

@@ -13,8 +13,14 @@ SELECT object_id, coalesce(replica_id, '-') AS replica, status FROM status_histo
  ORDER BY object_id, replica_id;
 SELECT object_id, replica_id, status FROM status_history.statuses ORDER BY object_id;
 
--- reconnect(generation, replica_id) re-stamps the replica's own newest report.
+-- reconnect(generation, replica_id) re-stamps the replica's own newest report
+-- (a controller's copy: the replica's last_seen_at does not move).
+CREATE TEMP TABLE seen_before AS
+SELECT object_id, last_seen_at FROM status_history.replica_state WHERE replica_id = 'r1';
 SELECT object_id, status, replica_id, generation FROM status_history.reconnect(2, 'r1') ORDER BY object_id;
+SELECT k.object_id, k.last_at > b.last_seen_at AS copy_is_newest_row, k.last_seen_at = b.last_seen_at AS seen_unchanged
+  FROM status_history.replica_state k JOIN seen_before b USING (object_id)
+ WHERE k.replica_id = 'r1' ORDER BY 1;
 SELECT object_id, replica_id, status, fence FROM status_history.statuses ORDER BY object_id;
 SELECT count(*) FROM status_history.report('a', 'stalled', error => 'lag', replica_id => 'r2', generation => 2);
 
@@ -62,6 +68,25 @@ SELECT count(*) FROM status_history.report('f', 'running', replica_id => 'r7');
 SELECT count(*) FROM status_history.report('f', 'dropped', replica_id => 'r7');
 SELECT status_history.retire_replica('r7') AS changed;
 SELECT status FROM status_history.latest(ARRAY['f'], true);
+
+-- A report needs a replica id that can be fenced and retired: NULL or non-empty.
+SELECT status_history.report('a', 'running', replica_id => '');
+
+-- Another BEFORE trigger that changes the report: the state follows the stored row.
+CREATE FUNCTION other_replica() RETURNS trigger LANGUAGE plpgsql AS
+$$BEGIN NEW.replica_id := 'r9'; NEW.error := 'rewritten'; NEW.generation := 9; RETURN NEW; END$$;
+CREATE TRIGGER zz_other_replica BEFORE INSERT ON status_history.history
+    FOR EACH ROW EXECUTE FUNCTION other_replica();
+SELECT replica_id, error, generation FROM status_history.report('t', 'running', replica_id => 'r1', generation => 3);
+SELECT replica_id, error, generation FROM status_history.report('t', 'stalled', replica_id => 'r1', generation => 3);
+DROP TRIGGER zz_other_replica ON status_history.history;
+DROP FUNCTION other_replica();
+SELECT object_id, replica_id, status, error, generation FROM status_history.statuses WHERE object_id = 't';
+SELECT state_mismatches();
+
+-- Ids that make a long notification payload: the report is stored (the payload is cut).
+SELECT length(object_id), status FROM status_history.report(repeat('"', 4000), 'running', replica_id => repeat(E'\x01', 3000));
+SELECT length(object_id), status FROM status_history.report(repeat('x', 9000), 'running', replica_id => repeat('r', 9000));
 
 -- Bad input, and who may call it.
 SELECT status_history.retire_replica(NULL);

@@ -270,8 +270,8 @@ sh_fence_check_unreported(const char *what)
 	if (xact_reported)
 		ereport(ERROR,
 				(errcode(ERRCODE_ACTIVE_SQL_TRANSACTION),
-				 errmsg("%s must run before any report in its transaction", what),
-				 errdetail("It waits for every transaction that is reporting, and this one already holds object locks."),
+				 errmsg("%s must run before any report, reconnect() or retire_replica() in its transaction", what),
+				 errdetail("It waits for every transaction that is reporting, and this one has held object locks (a savepoint rolled back since may have released them, but this is not tracked)."),
 				 errhint("Call it in its own transaction or first in it%s.",
 						 strcmp(what, "reconnect() without object_ids") == 0 ?
 						 ", or list the objects in object_ids" : "")));

@@ -185,6 +185,13 @@ validate_report(Datum *values, bool *nulls, const HistoryColumns *cols)
 				 errmsg("invalid status \"%s\"", excerpt(DatumGetTextPP(values[cols->status]))),
 				 errhint("Use one of starting, running, paused, stalled, ceased, dropped.")));
 
+	if (!nulls[cols->replica_id] &&
+		VARSIZE_ANY_EXHDR(DatumGetTextPP(values[cols->replica_id])) == 0 &&
+		nulls[cols->occurred_at])
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("replica_id must not be empty"),
+				 errhint("Pass NULL for a report without a replica: an empty id could not be fenced or retired.")));
 	if (nulls[cols->generation])
 		ereport(ERROR,
 				(errcode(ERRCODE_NOT_NULL_VIOLATION),
@@ -525,7 +532,8 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 				return PointerGetDatum(NULL);
 			}
 		}
-		sh_objects_key_report(state, key, stamp, stale, status, may_skip);
+		sh_objects_key_report(state, key, stamp, stale, status, may_skip,
+							  !sh_fence_in_reconnect());
 	}
 
 	if (!stale)

@@ -113,7 +113,7 @@ sh_keys_read(Datum object_id, ShKeyState *key)
 #define KEYS_UPSERT \
 	" ON CONFLICT (object_id, replica_id) DO UPDATE" \
 	"   SET last_at = excluded.last_at," \
-	"       last_seen_at = pg_catalog.timestamptz_larger(k.last_seen_at, excluded.last_seen_at)," \
+	"       last_seen_at = GREATEST(k.last_seen_at, excluded.last_seen_at)," \
 	"       occurred_at = excluded.occurred_at, status = excluded.status," \
 	"       status_since = excluded.status_since"
 
@@ -139,7 +139,7 @@ key_params(text *object_id, const ShKeyState *k, Datum *values, char *nulls)
 	values[0] = PointerGetDatum(object_id);
 	values[1] = PointerGetDatum(k->replica_id);
 	values[2] = TimestampTzGetDatum(k->last_at);
-	values[3] = TimestampTzGetDatum(Max(k->last_seen_at, k->last_at));
+	values[3] = TimestampTzGetDatum(k->last_seen_at);
 	values[4] = TimestampTzGetDatum(k->current_at);
 	values[5] = k->has_current ? CStringGetTextDatum(k->status) : (Datum) 0;
 	values[6] = TimestampTzGetDatum(k->status_since);
@@ -232,7 +232,7 @@ sh_keys_write(text **object_ids, ShKeyState **keys, int n)
 					elems[i] = TimestampTzGetDatum(k->last_at);
 					break;
 				case 3:
-					elems[i] = TimestampTzGetDatum(Max(k->last_seen_at, k->last_at));
+					elems[i] = TimestampTzGetDatum(k->last_seen_at);
 					break;
 				case 4:
 					nulls[i] = !k->has_current;
@@ -261,8 +261,11 @@ sh_keys_write(text **object_ids, ShKeyState **keys, int n)
 
 /*
  * Recompute every key of one object from its history (brute force: the
- * definition of the state), keeping the larger last_seen_at of the table,
- * the cache (seen: its keys and their last_seen_at) and the newest row.
+ * definition of the state).  last_seen_at: the larger of the table's and the
+ * cache's (seen: its keys and their last_seen_at); a key the cache does not
+ * know gets its newest row's stamp when that is later (the history cannot
+ * tell a controller's copy from a report: the one approximation, on this
+ * rare path).
  */
 void
 sh_keys_recompute(text *object_id, ShKeyState *cached, int ncached)
@@ -293,7 +296,7 @@ sh_keys_recompute(text *object_id, ShKeyState *cached, int ncached)
 							   "INSERT INTO status_history.replica_state AS k"
 							   " (object_id, replica_id, last_at, last_seen_at, occurred_at, status, status_since)"
 							   " SELECT $1, l.replica_id, l.at,"
-							   "        pg_catalog.timestamptz_larger(l.at, COALESCE(seen.at, l.at)),"
+							   "        COALESCE(seen.at, l.at),"
 							   "        r.occurred_at, r.status, r.since"
 							   "   FROM last AS l"
 							   "   LEFT JOIN run AS r ON r.replica_id IS NOT DISTINCT FROM l.replica_id"

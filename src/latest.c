@@ -109,6 +109,8 @@ status_history_latest(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("include_dropped must not be null"),
 				 errhint("Pass true to include dropped objects, false to leave them out.")));
+	if (listed)
+		sh_check_id_list(PG_GETARG_DATUM(0));
 	args[0] = PG_GETARG_DATUM(1);
 	args[1] = listed ? PG_GETARG_DATUM(0) : (Datum) 0;
 

@@ -28,6 +28,7 @@
 #include "catalog/pg_class.h"
 #include "executor/spi.h"
 #include "funcapi.h"
+#include "utils/array.h"
 #include "utils/lsyscache.h"
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
@@ -199,6 +200,17 @@ sh_history_find_stamp(Relation history, TimestampTz stamp, TupleTableSlot *slot)
 	index_endscan(scan);
 	index_close(index, AccessShareLock);
 	return found;
+}
+
+/* Refuse an object_ids list that is not one-dimensional (a list of ids). */
+void
+sh_check_id_list(Datum ids)
+{
+	if (ARR_NDIM(DatumGetArrayTypeP(ids)) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("object_ids must be a one-dimensional array"),
+				 errhint("List object ids only, or pass NULL for every object.")));
 }
 
 /* A hash table in cxt whose entries start with a text pointer key (the above). */

@@ -107,7 +107,8 @@ sh_notify_change(text *object_id, const char *status, const char *previous,
 {
 	StringInfoData buf;
 	char	   *id;
-
+	char	   *rep;
+	bool		cut = false;
 	Pending    *p;
 
 	if (!notify_enabled)
@@ -118,14 +119,24 @@ sh_notify_change(text *object_id, const char *status, const char *previous,
 		return;
 	}
 	id = text_to_cstring(object_id);
+	rep = known ? (replica == NULL ? NULL : pstrdup(replica)) : replica_at(at);
+	/*
+	 * A payload must stay under 8000 bytes (NOTIFY refuses longer ones, and
+	 * the report with it).  Escaping may make a character six bytes long, so
+	 * ids long enough to matter are cut to 600 bytes each, and it says so.
+	 */
+	if (strlen(id) + (rep ? strlen(rep) : 0) > 1200)
+	{
+		if (strlen(id) > 600)
+			id[pg_mbcliplen(id, strlen(id), 600)] = '\0';
+		if (rep != NULL && strlen(rep) > 600)
+			rep[pg_mbcliplen(rep, strlen(rep), 600)] = '\0';
+		cut = true;
+	}
 	initStringInfo(&buf);
 	appendStringInfoChar(&buf, '{');
-	/* A payload must stay under 8000 bytes: a huge id is cut (and said so). */
-	if (strlen(id) > 7000)
-	{
-		id[pg_mbcliplen(id, strlen(id), 7000)] = '\0';
-		appendStringInfoString(&buf, "\"object_id_truncated\": true, ");
-	}
+	if (cut)
+		appendStringInfoString(&buf, "\"truncated\": true, ");
 	append_json_text(&buf, "object_id", id);
 	appendStringInfoString(&buf, ", ");
 	append_json_text(&buf, "status", status);
@@ -134,7 +145,7 @@ sh_notify_change(text *object_id, const char *status, const char *previous,
 	appendStringInfoString(&buf, ", ");
 	append_json_text(&buf, "occurred_at", timestamptz_to_str(at));
 	appendStringInfoString(&buf, ", ");
-	append_json_text(&buf, "replica_id", known ? replica : replica_at(at));
+	append_json_text(&buf, "replica_id", rep);
 	appendStringInfoChar(&buf, '}');
 	p = MemoryContextAlloc(TopTransactionContext, offsetof(Pending, payload) + buf.len + 1);
 	p->level = GetCurrentTransactionNestLevel();

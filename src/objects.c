@@ -757,8 +757,13 @@ write_from_copy(CachedObject *entry)
 	char		nulls[9];
 	int			ret;
 
+	/*
+	 * Not when another trigger may have changed the row after ours copied it
+	 * (pending_may_skip): then the stored row is the one to copy.
+	 */
 	if (entry != last_entry || last_stamp != entry->state.current_at ||
-		entry->state.pending != 1 || !stamp_stored(last_stamp))
+		entry->state.pending != 1 || entry->state.pending_may_skip ||
+		!stamp_stored(last_stamp))
 		return false;
 	args[0] = PointerGetDatum(entry->key);
 	nulls[0] = ' ';
@@ -1236,16 +1241,22 @@ sh_objects_key(ShObjectState *state, Datum replica_id, bool replica_null)
 	return key;
 }
 
-/* A row of this key was stamped (stale or not); may_skip: it may yet be skipped. */
+/*
+ * A row of this key was stamped (stale or not); may_skip: it may yet be
+ * skipped; seen: the key's replica reported it (not a controller's copy).
+ * An imported row older than the key's newest one is no sighting either: a
+ * restore that loaded replica_state first keeps the dump's last_seen_at.
+ */
 void
 sh_objects_key_report(ShObjectState *state, ShKeyState *key, TimestampTz stamp,
-					  bool stale, const char *status, bool may_skip)
+					  bool stale, const char *status, bool may_skip, bool seen)
 {
 	CachedObject *entry = entry_of(state);
 
 	entry_save(entry);
+	if (seen && stamp > key->last_at)
+		key->last_seen_at = Max(key->last_seen_at, stamp);
 	key->last_at = Max(key->last_at, stamp);
-	key->last_seen_at = Max(key->last_seen_at, stamp);
 	if (!stale)
 	{
 		if (!key->has_current || stamp > key->current_at)
@@ -1452,7 +1463,11 @@ status_history_objects_guard(PG_FUNCTION_ARGS)
 Datum
 status_history_restore_merge(PG_FUNCTION_ARGS)
 {
-	/* Per table: keep the higher fence, the higher floor, the later last_seen_at. */
+	/*
+	 * Per table: keep the higher fence and the higher floor; a key's
+	 * last_seen_at is the dump's (the history's restore counts controller
+	 * copies as sightings, the dump knows better).
+	 */
 	static const char *const merges[3] = {
 		"INSERT INTO status_history.objects AS o SELECT ($1).*"
 		"    ON CONFLICT (object_id) DO UPDATE"
@@ -1462,7 +1477,7 @@ status_history_restore_merge(PG_FUNCTION_ARGS)
 		"   SET generation = pg_catalog.int8larger(f.generation, excluded.generation)",
 		"INSERT INTO status_history.replica_state AS k SELECT ($1).*"
 		"    ON CONFLICT (object_id, replica_id) DO UPDATE"
-		"   SET last_seen_at = pg_catalog.timestamptz_larger(k.last_seen_at, excluded.last_seen_at)"
+		"   SET last_seen_at = excluded.last_seen_at"
 	};
 	static SPIPlanPtr plans[3] = {NULL, NULL, NULL};
 	static Oid	plan_types[3] = {InvalidOid, InvalidOid, InvalidOid};

@@ -78,6 +78,21 @@ sh_prune_take_delete(void)
 	return depth >= 0 && trigger_depth() == depth;
 }
 
+/*
+ * An older_than reaching before the oldest timestamp PostgreSQL has (4713
+ * BC): nothing is that old, so it removes nothing beyond keep_last (rather
+ * than failing to compute now() - older_than).
+ */
+static bool
+older_than_everything(Datum older_than)
+{
+	Interval	limit = {0};
+
+	limit.month = 6000 * MONTHS_PER_YEAR;
+	return DatumGetInt32(DirectFunctionCall2(interval_cmp, older_than,
+											 IntervalPGetDatum(&limit))) > 0;
+}
+
 /* Refuse arguments prune() cannot honour; the messages say how to call it. */
 static void
 check_prune_args(FunctionCallInfo fcinfo)
@@ -170,7 +185,7 @@ status_history_prune(PG_FUNCTION_ARGS)
 	check_prune_args(fcinfo);
 	PreventCommandIfReadOnly("status_history.prune()");
 	args[2] = PG_GETARG_DATUM(0);
-	if (PG_ARGISNULL(1))
+	if (PG_ARGISNULL(1) || older_than_everything(PG_GETARG_DATUM(1)))
 		nulls[3] = 'n';
 	else
 		args[3] = DirectFunctionCall2(timestamptz_mi_interval,

@@ -473,6 +473,8 @@ status_history_time_in_status(PG_FUNCTION_ARGS)
 	text	   *object_id = NULL;	/* the object being summed, in object_cxt */
 
 	window_args(fcinfo, 0, &p.since, &p.end);
+	if (listed)
+		sh_check_id_list(PG_GETARG_DATUM(2));
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
 	if (p.end <= p.since)
 		return (Datum) 0;		/* empty, or entirely after now() */

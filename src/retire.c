@@ -89,6 +89,7 @@ current_from(Datum replica_id, Datum **ids)
  * another live key's newest non-stale report, or paused.  Without a
  * generation a row keeps the one it copies (0 for paused), raised to the
  * object's fence and floors when below them (it would be stale otherwise).
+ * Returns the number of objects whose status is not the one they showed.
  */
 static uint64
 append_replacements(Datum *ids, int n, Datum replica_id, bool gen_null, int64 generation)
@@ -106,6 +107,10 @@ append_replacements(Datum *ids, int n, Datum replica_id, bool gen_null, int64 ge
 	SPI_connect();
 	if (plan == NULL)
 		plan = sh_prepare_kept(
+							   "WITH before AS MATERIALIZED ("
+							   "     SELECT o.object_id, o.status FROM status_history.objects AS o"
+							   "      WHERE o.object_id OPERATOR(pg_catalog.=) ANY ($1)),"
+							   " appended AS ("
 							   "INSERT INTO status_history.history AS h"
 							   " (object_id, status, error, details, replica_id, generation, reported_at)"
 							   " SELECT o.object_id, COALESCE(r.status, 'paused'), r.error,"
@@ -133,12 +138,20 @@ append_replacements(Datum *ids, int n, Datum replica_id, bool gen_null, int64 ge
 							   "         ORDER BY k.occurred_at DESC LIMIT 1) AS r ON true"
 							   "  WHERE o.replica_id OPERATOR(pg_catalog.=) $3"
 							   "    AND o.occurred_at IS NOT NULL AND o.status OPERATOR(pg_catalog.<>) 'dropped'"
-							   "  ORDER BY s.n", 3, types);
+							   "  ORDER BY s.n"
+							   " RETURNING h.object_id, h.status)"
+							   "SELECT pg_catalog.count(*) FROM appended AS a JOIN before AS b"
+							   "    ON b.object_id OPERATOR(pg_catalog.=) a.object_id"
+							   " WHERE b.status IS DISTINCT FROM a.status", 3, types);
 	/* Runs as the caller's definer (SECURITY DEFINER): the extension owner. */
 	ret = sh_execute_latest(plan, args, nulls, false, 0);
-	if (ret != SPI_OK_INSERT)
+	if (ret != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "status_history: appending the replacements failed: %s", SPI_result_code_string(ret));
-	appended = SPI_processed;
+	{
+		bool		isnull;
+
+		appended = (uint64) DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	}
 	SPI_finish();
 	return appended;
 }

@@ -42,6 +42,7 @@ extern SPIPlanPtr sh_prepare_kept(const char *sql, int nargs, Oid *argtypes);
 extern bool sh_history_find_stamp(Relation history, TimestampTz stamp, TupleTableSlot *slot);
 extern uint32 sh_text_key_hash(const void *key, Size keysize);
 extern int	sh_text_key_match(const void *key1, const void *key2, Size keysize);
+extern void sh_check_id_list(Datum ids);
 extern HTAB *sh_text_hash_create(const char *name, Size entrysize, MemoryContext cxt);
 extern int	sh_execute_latest(SPIPlanPtr plan, Datum *args, const char *nulls,
 							  bool read_only, long count);
@@ -89,7 +90,7 @@ typedef struct ShKeyState
 extern void sh_objects_init(void);
 extern ShKeyState *sh_objects_key(ShObjectState *state, Datum replica_id, bool replica_null);
 extern void sh_objects_key_report(ShObjectState *state, ShKeyState *key, TimestampTz stamp,
-								  bool stale, const char *status, bool may_skip);
+								  bool stale, const char *status, bool may_skip, bool seen);
 extern void sh_objects_key_seen(ShObjectState *state, ShKeyState *key, TimestampTz seen);
 extern ShObjectState *sh_objects_lock(Datum object_id, int64 new_fence);
 /* The columns of a report that the per-object state copies. */

@@ -66,7 +66,7 @@ SELECT throws_ok($$SELECT status_history.history_refuse_change()$$,
 SELECT throws_ok($$SELECT status_history.reconnect(2, object_ids => ARRAY['e1'])$$,
                  '55000', 'generation 2 is below the fence 3 of object "e1"');
 SELECT throws_ok($$SELECT status_history.reconnect(4)$$,
-                 '25001', 'reconnect() without object_ids must run before any report in its transaction');
+                 '25001', 'reconnect() without object_ids must run before any report, reconnect() or retire_replica() in its transaction');
 SELECT throws_ok($$SELECT status_history.reconnect(4, object_ids => ARRAY[['a', 'b'], ['c', 'd']])$$,
                  '22023', 'object_ids must be a one-dimensional array');
 SELECT throws_ok($$SELECT status_history.report_many(NULL, ARRAY['running'])$$,
