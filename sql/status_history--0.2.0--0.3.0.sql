@@ -8,6 +8,15 @@
 
 \echo Use "ALTER EXTENSION status_history UPDATE TO '0.3.0'" to load this file. \quit
 
+-- The C trigger functions pin no search_path: they resolve no name through
+-- it (their SQL runs as the extension owner with search_path pinned), and a
+-- SET clause would save and restore settings for every row.
+ALTER FUNCTION status_history.history_insert_trigger() RESET search_path;
+ALTER FUNCTION status_history.history_statement_trigger() RESET search_path;
+ALTER FUNCTION status_history.objects_guard() RESET search_path;
+ALTER FUNCTION status_history.history_refuse_change() RESET search_path;
+ALTER FUNCTION status_history.restore_merge() RESET search_path;
+
 -- @@ per-key state (keys)
 -- A replica's newest report is found through replica_state now.
 DROP INDEX status_history.history_replica_idx;

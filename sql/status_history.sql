@@ -134,11 +134,13 @@ COMMENT ON FUNCTION status_history.monotonic_now() IS
 -- ---------------------------------------------------------------------------
 -- Triggers: stamping and fencing on insert; refusing every other change.
 -- ---------------------------------------------------------------------------
+-- The C trigger functions pin no search_path: they resolve no name through
+-- it (their SQL runs as the extension owner with search_path pinned), and a
+-- SET clause would save and restore settings for every row.
 CREATE FUNCTION status_history.history_insert_trigger()
 RETURNS trigger
 AS 'MODULE_PATHNAME', 'status_history_insert_trigger'
-LANGUAGE C
-SET search_path = pg_catalog, pg_temp;
+LANGUAGE C;
 
 COMMENT ON FUNCTION status_history.history_insert_trigger() IS
     'Validates a report, serializes it per object, stamps it, marks it stale when fenced, and keeps the object''s current report.';
@@ -146,8 +148,7 @@ COMMENT ON FUNCTION status_history.history_insert_trigger() IS
 CREATE FUNCTION status_history.history_statement_trigger()
 RETURNS trigger
 AS 'MODULE_PATHNAME', 'status_history_statement_trigger'
-LANGUAGE C
-SET search_path = pg_catalog, pg_temp;
+LANGUAGE C;
 
 COMMENT ON FUNCTION status_history.history_statement_trigger() IS
     'Writes back the per-object state an INSERT statement changed, once per object rather than once per report.';
@@ -155,8 +156,7 @@ COMMENT ON FUNCTION status_history.history_statement_trigger() IS
 CREATE FUNCTION status_history.objects_guard()
 RETURNS trigger
 AS 'MODULE_PATHNAME', 'status_history_objects_guard'
-LANGUAGE C
-SET search_path = pg_catalog, pg_temp;
+LANGUAGE C;
 
 COMMENT ON FUNCTION status_history.objects_guard() IS
     'Before any statement on status_history.objects or floors not issued by the extension itself, writes back and forgets the cached per-object state and floors.';
@@ -164,8 +164,7 @@ COMMENT ON FUNCTION status_history.objects_guard() IS
 CREATE FUNCTION status_history.history_refuse_change()
 RETURNS trigger
 AS 'MODULE_PATHNAME', 'status_history_refuse_change'
-LANGUAGE C
-SET search_path = pg_catalog, pg_temp;
+LANGUAGE C;
 
 COMMENT ON FUNCTION status_history.history_refuse_change() IS
     'Refuses UPDATE, DELETE and TRUNCATE on the append-only history.';
@@ -193,8 +192,7 @@ ALTER TABLE status_history.objects ENABLE ALWAYS TRIGGER objects_guard;
 CREATE FUNCTION status_history.restore_merge()
 RETURNS trigger
 AS 'MODULE_PATHNAME', 'status_history_restore_merge'
-LANGUAGE C
-SET search_path = pg_catalog, pg_temp;
+LANGUAGE C;
 
 COMMENT ON FUNCTION status_history.restore_merge() IS
     'Rows inserted into objects or floors by anyone but the extension (a restore) are merged with what exists: fences and floors keep the higher generation.';
