@@ -437,8 +437,13 @@ repeat_of(Relation rel, const ShObjectState *state, const ShKeyState *key,
 {
 	HeapTuple	row = NULL;
 
-	if (key->last_at == 0 ||
-		!same_report(rel, key->last_at, values, nulls, cols, true, stale, &row))
+	if (key->last_at == 0)
+		return NULL;
+	/* The newest row is the key's current report, of another status: no need to look. */
+	if (key->has_current && key->current_at == key->last_at &&
+		!same_value(CStringGetTextDatum(key->status), false, values[cols->status], false, texteq))
+		return NULL;
+	if (!same_report(rel, key->last_at, values, nulls, cols, true, stale, &row))
 		return NULL;
 	if (stale || (state->has_current && state->current_at == key->last_at))
 		return row;

@@ -759,11 +759,12 @@ write_from_copy(CachedObject *entry)
 
 	/*
 	 * Not when another trigger may have changed the row after ours copied it
-	 * (pending_may_skip): then the stored row is the one to copy.
+	 * (pending_may_skip): then the stored row is the one to copy.  Otherwise
+	 * nothing can skip the row, and a row in flight is held back by the
+	 * caller (sh_objects_flush): it is stored, no need to look.
 	 */
 	if (entry != last_entry || last_stamp != entry->state.current_at ||
-		entry->state.pending != 1 || entry->state.pending_may_skip ||
-		!stamp_stored(last_stamp))
+		entry->state.pending != 1 || entry->state.pending_may_skip)
 		return false;
 	args[0] = PointerGetDatum(entry->key);
 	nulls[0] = ' ';
