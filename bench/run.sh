@@ -9,15 +9,35 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 source test/deps.sh
-sh_build_install
+# PG_BIN=<bin directory of a private copy of the installation> (made as
+# bench/compare.sh makes one): build with the system's headers, install into
+# that copy and run its server, leaving the system's installation alone.
+# BENCH_DEFAULT_CONF=1: the server keeps its default postgresql.conf (only
+# where to listen is set), instead of the tuned settings below.
+if [ -n "${PG_BIN:-}" ]; then
+    make -s PG_CONFIG="$PG_CONFIG" >/dev/null
+    make -s PG_CONFIG="$PG_BIN/pg_config" install >/dev/null
+    export PATH="$PG_BIN:$PATH"
+else
+    sh_build_install
+fi
+pgbin=${PG_BIN:-/usr/lib/postgresql/15/bin}
 
 if [ "${BENCH_FULL:-0}" = 1 ]; then
     : "${OBJECTS:=100000}" "${PER_OBJECT:=50}" "${BULK:=1000000}" "${GROWTH_OBJECTS:=10000}" "${DURATION:=5}"
     : "${QUESTION_OBJECTS:=100000}"
+    : "${RETENTION_OBJECTS:=100000}"
 else
     : "${OBJECTS:=20000}" "${PER_OBJECT:=50}" "${BULK:=200000}" "${GROWTH_OBJECTS:=5000}" "${DURATION:=3}"
     : "${QUESTION_OBJECTS:=20000}"
+    : "${RETENTION_OBJECTS:=10000}"
 fi
+# Retention (figures 6, 6b): RETENTION_OBJECTS x RETENTION_PER_OBJECT reports,
+# one replica per object; prune(RETENTION_KEEP) against the DELETE, then the
+# latency of CLIENTS reporters alone and while prune(LATENCY_KEEP) runs.
+# Heartbeats (figure 9): CLIENTS x HEARTBEAT_OBJECTS keys.
+: "${RETENTION_PER_OBJECT:=50}" "${RETENTION_KEEP:=5}" "${LATENCY_KEEP:=1}" "${HEARTBEAT_OBJECTS:=100}"
+
 : "${QUESTION_PER_OBJECT:=10}"
 : "${GROWTH:=10}" "${RUNS:=3}" "${REPS:=5}" "${CLIENTS:=8}"
 
@@ -26,20 +46,22 @@ work=$(mktemp -d /tmp/status_history_bench.XXXXXX)
 chmod 755 "$work"
 as_pg() { if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 [ "$(id -u)" -eq 0 ] && chown postgres "$work"
-stop() { as_pg pg_ctl -D "$work/data" -m fast stop >/dev/null 2>&1 || true; [ -n "${BENCH_KEEP:-}" ] || rm -rf "$work"; }
+stop() { as_pg "$pgbin/pg_ctl" -D "$work/data" -m fast stop >/dev/null 2>&1 || true; [ -n "${BENCH_KEEP:-}" ] || rm -rf "$work"; }
 trap stop EXIT
-as_pg initdb -D "$work/data" -A trust >/dev/null
+as_pg "$pgbin/initdb" -D "$work/data" -A trust >/dev/null
 cat >>"$work/data/postgresql.conf" <<EOF
 listen_addresses = ''
 port = 54340
 unix_socket_directories = '$work'
+EOF
+[ "${BENCH_DEFAULT_CONF:-0}" = 1 ] || cat >>"$work/data/postgresql.conf" <<EOF
 shared_buffers = '2GB'
 max_wal_size = '16GB'
 checkpoint_timeout = '30min'
 synchronous_commit = off
 work_mem = '4MB'
 EOF
-as_pg pg_ctl -D "$work/data" -l "$work/server.log" -w start >/dev/null
+as_pg "$pgbin/pg_ctl" -D "$work/data" -l "$work/server.log" -w start >/dev/null
 export PGHOST="$work" PGPORT=54340 PGUSER=postgres PGDATABASE=postgres
 q() { psql -X -q -At -v ON_ERROR_STOP=1 -c "$1"; }
 psql -X -q -v ON_ERROR_STOP=1 -f bench/setup.sql >/dev/null
@@ -93,12 +115,21 @@ load_ext="INSERT INTO status_history.history (object_id, status, replica_id)
 load_base="INSERT INTO plain (occurred_at, object_id, status, replica_id)
            SELECT clock_timestamp(), 'obj-' || (i % $OBJECTS), $statuses[1 + (i / $OBJECTS) % 5], 'r' || (i % 3)
              FROM generate_series(0, $n - 1) AS i"
+# The load feeds figures 3, mem, 3b's baseline sizes, 4, 1 and 5; FIGURES naming
+# only the retention figures (6, 6b, 9), which load data of their own, skip it.
+main_load=1
+if [ -n "${FIGURES:-}" ]; then
+    main_load=0
+    for f in $FIGURES; do case $f in 6|6b|9) ;; *) main_load=1 ;; esac; done
+fi
+if [ "$main_load" = 1 ]; then
 echo "-- loading $n reports into each (timed as a bulk append)"
 e=$(q "SELECT bench_median_stmt_ms(\$\$$load_ext\$\$, 1)")
 b=$(q "SELECT bench_median_stmt_ms(\$\$$load_base\$\$, 1)")
 row "load: INSERT ... SELECT of all reports" "$n rows" "$e" "$b" ms time -
 q "INSERT INTO plain_pk SELECT object_id, status, occurred_at FROM status_history.statuses"
 q "VACUUM ANALYZE"
+fi
 
 if want 3; then
 e=$(q "SELECT bench_median_ms('SELECT * FROM status_history.statuses', $REPS)")
@@ -260,8 +291,139 @@ row "8. time_in_status() over one day vs brute-force SQL" "$QUESTION_OBJECTS x $
 q "DROP DATABASE questions"
 fi
 
-# --- 6. prune ----------------------------------------------------------------------
-row "6. prune(5) vs DELETE with row_number()" "-" "-" "-" - n/a "not built"
+# --- 6. prune(keep) against a hand-written DELETE -------------------------------------
+# A database of its own: RETENTION_OBJECTS x RETENTION_PER_OBJECT reports, one
+# replica per object (so prune's key is the object and both remove the same
+# rows), consecutive reports of an object in different statuses (no repeats);
+# the same rows in plain.  Both statements run in a subtransaction that is
+# rolled back (bench_rolled_back_ms), so each of RUNS alternating rounds
+# removes the same rows; the time is the statement's, the rollback is not in it.
+if want 6 || want 6b; then
+q "CREATE DATABASE retention"
+PGDATABASE=retention psql -X -q -v ON_ERROR_STOP=1 -f bench/setup.sql >/dev/null
+rq() { PGDATABASE=retention q "$1"; }
+nr=$((RETENTION_OBJECTS * RETENTION_PER_OBJECT))
+echo "-- retention: loading $nr reports ($RETENTION_OBJECTS objects x $RETENTION_PER_OBJECT) into each"
+rq "INSERT INTO status_history.history (object_id, status, replica_id)
+    SELECT 'ret-' || (i % $RETENTION_OBJECTS), $statuses[1 + (i / $RETENTION_OBJECTS) % 5], 'r1'
+      FROM generate_series(0, $nr - 1) AS i"
+rq "INSERT INTO plain (occurred_at, object_id, status, replica_id)
+    SELECT clock_timestamp(), 'ret-' || (i % $RETENTION_OBJECTS), $statuses[1 + (i / $RETENTION_OBJECTS) % 5], 'r1'
+      FROM generate_series(0, $nr - 1) AS i"
+rq "VACUUM ANALYZE"
+[ "$(rq "SELECT count(*) FROM status_history.history")" = "$nr" ] || { echo "retention: the history did not get $nr rows" >&2; exit 1; }
+prune_sql="SELECT status_history.prune($RETENTION_KEEP)"
+delete_sql="DELETE FROM plain WHERE (object_id, occurred_at) IN (
+              SELECT object_id, occurred_at
+                FROM (SELECT object_id, occurred_at,
+                             row_number() OVER (PARTITION BY object_id ORDER BY occurred_at DESC) AS n
+                        FROM plain) AS r
+               WHERE n > $RETENTION_KEEP)"
+pe=(); pb=(); pn=""; dn=""
+for _ in $(seq "$RUNS"); do
+    read -r t pn <<<"$(rq "SELECT ms || ' ' || n FROM bench_rolled_back_ms(\$\$$prune_sql\$\$)")"; pe+=("$t")
+    read -r t dn <<<"$(rq "SELECT ms || ' ' || n FROM bench_rolled_back_ms(\$\$$delete_sql\$\$)")"; pb+=("$t")
+done
+echo "  prune($RETENTION_KEEP): ${pe[*]} ms, removes $pn rows; DELETE: ${pb[*]} ms, removes $dn rows"
+[ "$pn" = "$dn" ] || echo "  WARNING: prune and the DELETE remove different numbers of rows ($pn, $dn)"
+if want 6; then
+row "6. prune($RETENTION_KEEP) vs DELETE with row_number() > $RETENTION_KEEP" "$RETENTION_OBJECTS x $RETENTION_PER_OBJECT, $pn removed" \
+    "$(median "${pe[@]}")" "$(median "${pb[@]}")" ms time 2
+fi
+fi
+
+# --- 6b. report latency while prune runs ------------------------------------------------
+# CLIENTS reporters (one report per transaction on a random object of the
+# retention database, every report appended: deduplication off) with
+# pgbench's per-transaction log; p50 and p99 of the transactions that
+# completed while prune(LATENCY_KEEP) ran (in a transaction then rolled back,
+# so every round removes as much), against a run of the same length without
+# prune (all but its first second).  RUNS rounds, alternating; medians.
+if want 6b; then
+prune_ms=$(median "${pe[@]}")
+: "${LATENCY_SECONDS:=$(awk -v m="$prune_ms" 'BEGIN {s = int(3 * m / 1000) + 5; print (s < 10 ? 10 : s)}')}"
+lat_rep=$(script latency_report "\\set obj random(0, $((RETENTION_OBJECTS - 1)))
+\\set st random(1, 5)
+SELECT status_history.report('ret-' || :obj, $statuses[:st], NULL, NULL, 'r1');")
+# lat_run TAG PRUNE(0/1): prints "p50_ms p99_ms transactions rows_removed prune_s window_cut"
+lat_run() {
+    local tag=$1 with=$2 t0 ps pe removed=0 pgb
+    rm -f "$work/$tag".*
+    t0=$(date +%s.%N)
+    PGOPTIONS='-c status_history.deduplicate=off' PGDATABASE=retention \
+        pgbench -n -c "$CLIENTS" -j 2 -T "$LATENCY_SECONDS" -l --log-prefix="$work/$tag" -f "$lat_rep" >/dev/null 2>&1 &
+    pgb=$!
+    sleep 1
+    ps=$(date +%s.%N)
+    if [ "$with" = 1 ]; then
+        removed=$(PGDATABASE=retention psql -X -q -At -v ON_ERROR_STOP=1 -c "BEGIN" \
+                      -c "SELECT status_history.prune($LATENCY_KEEP)" -c "ROLLBACK")
+        pe=$(date +%s.%N)
+    else
+        pe=$(echo "$t0 + $LATENCY_SECONDS" | bc)
+    fi
+    wait "$pgb"
+    # Per transaction: completion time = time_epoch.time_us, latency in microseconds.
+    cat "$work/$tag".[0-9]* | awk -v ps="$ps" -v pe="$pe" '$5 + $6 / 1e6 >= ps && $5 + $6 / 1e6 <= pe {print $3 / 1000}' |
+        sort -g >"$work/$tag.window"
+    local last cut=-
+    last=$(cat "$work/$tag".[0-9]* | awk '$5 + $6 / 1e6 > m {m = $5 + $6 / 1e6} END {printf "%.6f", m}')
+    # The reporters stopped before prune ended: the window is what they covered.
+    [ "$(echo "$last < $pe" | bc)" = 1 ] && cut=$(echo "$last - $ps" | bc | xargs printf '%.1f')
+    awk -v removed="${removed:-0}" -v secs="$(echo "$pe - $ps" | bc)" -v cut="$cut" '
+        { lat[++n] = $1 }
+        END {
+            i50 = int(0.50 * n); if (i50 < 0.50 * n) i50++
+            i99 = int(0.99 * n); if (i99 < 0.99 * n) i99++
+            printf "%.3f %.3f %d %s %.1f %s\n", lat[i50], lat[i99], n, removed, secs, cut
+        }' "$work/$tag.window"
+}
+a50=(); a99=(); p50=(); p99=()
+for r in $(seq "$RUNS"); do
+    read -r x50 x99 xn _ xs _ <<<"$(lat_run "lat_alone_$r" 0)"
+    a50+=("$x50"); a99+=("$x99")
+    echo "  latency without prune: p50 $x50 ms, p99 $x99 ms over $xn transactions in ${xs}s"
+    read -r x50 x99 xn xr xs xc <<<"$(lat_run "lat_prune_$r" 1)"
+    p50+=("$x50"); p99+=("$x99")
+    echo "  latency during prune($LATENCY_KEEP) removing $xr rows in ${xs}s: p50 $x50 ms, p99 $x99 ms over $xn transactions"
+    [ "$xc" = "-" ] || echo "  NOTE: prune outlasted the ${LATENCY_SECONDS}s reporter run: the figure covers its first ${xc}s of ${xs}s (set LATENCY_SECONDS)"
+done
+row "6b. report latency p50, $CLIENTS clients: during prune vs without" "prune($LATENCY_KEEP) of $xr rows" \
+    "$(median "${p50[@]}")" "$(median "${a50[@]}")" ms time -
+row "6b. report latency p99, $CLIENTS clients: during prune vs without" "prune($LATENCY_KEEP) of $xr rows" \
+    "$(median "${p99[@]}")" "$(median "${a99[@]}")" ms time 3
+fi
+if want 6 || want 6b; then q "DROP DATABASE retention"; fi
+
+# --- 9. heartbeats: repeats append nothing and cost less than reports ----------------
+# CLIENTS clients, each on HEARTBEAT_OBJECTS objects of its own (replica 'w' ||
+# client): repeating the same status (deduplication on, the default) against
+# reports that differ each time (random details).  Before each repeat run
+# every key is set to the repeated report (not timed), so the repeats must
+# append no row at all.  RUNS rounds, alternating; median tps.
+if want 9; then
+hb_seed="SELECT count(*) FROM (SELECT status_history.report('hb-' || c || '-' || k, 'running', NULL, NULL, 'w' || c)
+           FROM generate_series(0, $CLIENTS - 1) AS c, generate_series(1, $HEARTBEAT_OBJECTS) AS k) AS s"
+hb_repeat=$(script hb_repeat "\\set k random(1, $HEARTBEAT_OBJECTS)
+SELECT status_history.report('hb-' || :client_id || '-' || :k, 'running', NULL, NULL, 'w' || :client_id);")
+hb_append=$(script hb_append "\\set k random(1, $HEARTBEAT_OBJECTS)
+\\set n random(1, 1000000000)
+SELECT status_history.report('hb-' || :client_id || '-' || :k, 'running', NULL, jsonb_build_object('n', :n), 'w' || :client_id);")
+hr=(); ha=(); added=0; repeats=0
+hb_tps() { pgbench -n -c "$CLIENTS" -j 2 -T "$DURATION" -f "$1" 2>/dev/null | sed -n -e 's/^tps = \([0-9.]*\).*/\1/p' -e 's/^number of transactions actually processed: \([0-9]*\).*/n \1/p'; }
+for _ in $(seq "$RUNS"); do
+    q "$hb_seed" >/dev/null
+    before=$(q "SELECT count(*) FROM status_history.history")
+    out=$(hb_tps "$hb_repeat")
+    hr+=("$(echo "$out" | grep -v '^n ')"); repeats=$((repeats + $(echo "$out" | sed -n 's/^n //p')))
+    added=$((added + $(q "SELECT count(*) FROM status_history.history") - before))
+    ha+=("$(hb_tps "$hb_append" | grep -v '^n ')")
+done
+echo "  heartbeats: repeats ${hr[*]} tps, appending reports ${ha[*]} tps; $repeats repeats added $added rows"
+row "9. heartbeats: repeats vs appending reports, $CLIENTS clients" "$CLIENTS x $HEARTBEAT_OBJECTS keys" \
+    "$(median "${hr[@]}")" "$(median "${ha[@]}")" tps rate 1
+row "9. history rows added by $repeats repeats" "$CLIENTS x $HEARTBEAT_OBJECTS keys" "$added" "-" rows count 0
+fi
 
 # --- the table ------------------------------------------------------------------------
 echo
@@ -270,6 +432,7 @@ echo "|---|---|---:|---:|---|---:|---|---|"
 awk -F'\t' '{
     op = $1; size = $2; e = $3; b = $4; unit = $5; kind = $6; target = $7
     if (kind == "n/a") { printf "| %s | %s | - | - | - | - | %s | - |\n", op, size, target; next }
+    if (kind == "count") { printf "| %s | %s | %s | - | %s | - | = %s | %s |\n", op, size, e, unit, target, (e == target) ? "yes" : "NO"; next }
     ratio = (b > 0) ? e / b : 0
     if (target == "-") { t = "-"; met = "-" }
     else if (kind == "rate") { t = ">= " target; met = (ratio >= target) ? "yes" : "NO" }

@@ -44,3 +44,26 @@ BEGIN
     END LOOP;
     RETURN (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY t) FROM unnest(times) AS t);
 END $$;
+
+-- Wall time, in milliseconds, of a statement run in a subtransaction that is
+-- then rolled back, and the rows it affected (a DELETE's row count, or the
+-- value a SELECT returns): a destructive statement (prune(), a DELETE) can
+-- be timed again on the same data.
+CREATE FUNCTION bench_rolled_back_ms(sql text, OUT ms float8, OUT n bigint) LANGUAGE plpgsql AS $$
+DECLARE
+    t0 timestamptz;
+BEGIN
+    BEGIN
+        t0 := clock_timestamp();
+        IF sql ~* '^\s*delete' THEN
+            EXECUTE sql;
+            GET DIAGNOSTICS n = ROW_COUNT;
+        ELSE
+            EXECUTE sql INTO n;
+        END IF;
+        ms := extract(epoch FROM clock_timestamp() - t0) * 1000;
+        RAISE EXCEPTION USING ERRCODE = 'P0001', MESSAGE = 'bench: roll back';
+    EXCEPTION WHEN raise_exception THEN
+        NULL;   -- ms and n keep their values; the statement's work is undone
+    END;
+END $$;

@@ -93,6 +93,90 @@ SELECT count(*) FROM status_history.report_many(
 
 
 
+# The same workload, every report and re-stamped copy acknowledged in the
+# table acks (the rows as report(), report_many() and reconnect() returned
+# them, committed in the same transaction): a shadow of everything appended,
+# for checks that cannot count rows (after prune()).  A heartbeat repeat
+# appends no row and returns the row it repeats, so acks may hold a row twice.
+# Scripts: @ACKED_SCRIPTS, controller 'acked_reconnect.sql'.
+sub setup_acked_workload
+{
+	my ($node, $objects) = @_;
+	my $dir = setup_workload($node, $objects);
+	$node->safe_psql('postgres', q{
+		CREATE TABLE acks (LIKE status_history.history);
+		CREATE INDEX ON acks (occurred_at);
+		CREATE INDEX ON fence_log (object_id, occurred_at);
+		CREATE FUNCTION sh_test_reconnect_acked() RETURNS void LANGUAGE plpgsql AS $$
+		DECLARE g bigint := nextval('gen_seq');
+		BEGIN
+			WITH r AS (SELECT * FROM status_history.reconnect(g)),
+			     f AS (INSERT INTO fence_log SELECT g, r.object_id, r.occurred_at FROM r)
+			INSERT INTO acks SELECT * FROM r;
+		EXCEPTION WHEN object_not_in_prerequisite_state THEN
+			NULL;  -- a concurrent newer reconnect won: this controller is superseded
+		END $$;
+	});
+	my $gen = '(SELECT greatest(last_value - :lag, 0) FROM gen_seq)';
+	write_file("$dir/acked_report.sql", qq{
+\\set obj random(1, $objects)
+\\set st random(1, 5)
+\\set lag random(0, 1)
+INSERT INTO acks SELECT * FROM status_history.report('obj-' || :obj,
+       (ARRAY['starting','running','paused','stalled','ceased'])[:st],
+       NULL, NULL, 'w' || :client_id, $gen);
+});
+	write_file("$dir/acked_drop.sql", qq{
+\\sleep 20 ms
+\\set obj random(1, $objects)
+INSERT INTO acks SELECT * FROM status_history.report('obj-' || :obj, 'dropped');
+});
+	write_file("$dir/acked_heartbeat.sql", qq{
+SET status_history.deduplicate = on;
+INSERT INTO acks SELECT * FROM status_history.report('hb-' || :client_id, 'running', NULL, NULL, 'w' || :client_id);
+});
+	# The sorted subquery is the outer side of the lateral calls: bytewise order.
+	write_file("$dir/acked_multi.sql", qq{
+\\set a random(1, $objects / 3)
+\\set b random($objects / 3 + 1, 2 * $objects / 3)
+\\set c random(2 * $objects / 3 + 1, $objects)
+BEGIN;
+INSERT INTO acks SELECT r.*
+  FROM (SELECT 'obj-' || x AS o FROM unnest(ARRAY[:a, :b, :c]) AS x
+         ORDER BY ('obj-' || x) COLLATE "C") AS s
+ CROSS JOIN LATERAL status_history.report(s.o, 'running', NULL, NULL, 'w' || :client_id,
+       (SELECT greatest(last_value - 1, 0) FROM gen_seq)) AS r;
+COMMIT;
+});
+	write_file("$dir/acked_savepoint.sql", qq{
+\\set obj random(1, $objects)
+BEGIN;
+INSERT INTO acks SELECT * FROM status_history.report('obj-' || :obj, 'paused', NULL, NULL, 'w' || :client_id);
+SAVEPOINT s;
+INSERT INTO acks SELECT * FROM status_history.report('obj-' || :obj || '-s', 'stalled', NULL, NULL, 'w' || :client_id);
+ROLLBACK TO SAVEPOINT s;
+INSERT INTO acks SELECT * FROM status_history.report('obj-' || :obj || '-t', 'running', NULL, NULL, 'w' || :client_id);
+COMMIT;
+});
+	write_file("$dir/acked_bulk.sql", qq{
+INSERT INTO acks SELECT * FROM status_history.report_many(
+       ARRAY(SELECT 'obj-' || (1 + floor(random() * $objects))::int FROM generate_series(1, 20)),
+       ARRAY(SELECT (ARRAY['starting','running','paused','stalled','ceased'])[1 + floor(random() * 5)::int]
+               FROM generate_series(1, 20)),
+       replica_ids => array_fill('w' || :client_id, ARRAY[20]),
+       generations => array_fill((SELECT greatest(last_value - 1, 0) FROM gen_seq), ARRAY[20]));
+});
+	# Each reconnect re-stamps every object: sparser than in reconnect.sql,
+	# or the copies outnumber the reports on a few thousand objects.
+	write_file("$dir/acked_reconnect.sql", "\\sleep 500 ms\nSELECT sh_test_reconnect_acked();\n");
+	return $dir;
+}
+
+our @ACKED_SCRIPTS = (
+	[ 'acked_report.sql', 4, 1 ], [ 'acked_multi.sql', 1, 3 ], [ 'acked_savepoint.sql', 1, 2 ],
+	[ 'acked_bulk.sql', 1, 20 ], [ 'acked_drop.sql', 1, 1 ], [ 'acked_heartbeat.sql', 1, 0 ]);
+
+
 sub write_file
 {
 	my ($path, $text) = @_;
@@ -114,25 +198,30 @@ our @SCRIPTS = (
 # ['-T', seconds] or ['-t', per client]: pgbench does not count transactions
 # still running when -T expires, so exact counts need -t.  $clients is the
 # number of reporting clients, shared out by the scripts' shares.
+#
+# %opts: scripts => [ [file, share, reports per transaction], ... ] instead
+# of @SCRIPTS, controller => the controllers' script instead of reconnect.sql.
 sub start_load
 {
-	my ($node, $dir, $clients, $limit) = @_;
+	my ($node, $dir, $clients, $limit, %opts) = @_;
+	my @scripts = @{ $opts{scripts} // \@SCRIPTS };
+	my $controller = $opts{controller} // 'reconnect.sql';
 	my %h = (runs => [], cout => '', cerr => '');
 	my @conn = ('pgbench', '-n', '-h', $node->host, '-p', $node->port);
 	my $shares = 0;
-	$shares += $_->[1] for @SCRIPTS;
-	for my $script (@SCRIPTS)
+	$shares += $_->[1] for @scripts;
+	for my $script (@scripts)
 	{
 		my $c = int($clients * $script->[1] / $shares + 0.5) || 1;
 		my %r = (script => $script, out => '', err => '');
-		my @lim = $script->[0] eq 'drop.sql' && $limit->[0] eq '-t' ? ('-t', int($limit->[1] / 100) || 1) : @$limit;
+		my @lim = $script->[0] =~ /drop\.sql\z/ && $limit->[0] eq '-t' ? ('-t', int($limit->[1] / 100) || 1) : @$limit;
 		$r{run} = IPC::Run::start([ @conn, '-c', $c, '-j', 1, @lim, '-f', "$dir/$script->[0]", 'postgres' ],
 			'>', \$r{out}, '2>', \$r{err});
 		push @{ $h{runs} }, \%r;
 	}
 	my @climit = $limit->[0] eq '-t' ? ('-t', 40) : @$limit;
 	$h{controllers} = IPC::Run::start(
-		[ @conn, '-c', 2, @climit, '-f', "$dir/reconnect.sql", 'postgres' ],
+		[ @conn, '-c', 2, @climit, '-f', "$dir/$controller", 'postgres' ],
 		'>', \$h{cout}, '2>', \$h{cerr});
 	return \%h;
 }
@@ -210,8 +299,6 @@ sub check_invariants
 			 WHERE n > 1 + 2 * copies}),
 		0, "$label: heartbeats appended at most one row per key and re-stamp ($beats rows)");
 
-	is(one($node, 'SELECT count(*) - count(DISTINCT occurred_at) FROM status_history.history'),
-		0, "$label: no two of $rows rows share an occurred_at");
 	if ($exact)
 	{
 		is($reports, $acked, "$label: all $acked acknowledged reports are in the history");
@@ -221,6 +308,20 @@ sub check_invariants
 		cmp_ok($reports, '>=', $acked,
 			"$label: all $acked acknowledged reports are in the history ($reports committed)");
 	}
+	check_state($node, $label);
+	return $rows;
+}
+
+# The invariants that do not count rows, so they hold after prune() too:
+# unique stamps, per-object stamp order = commit order, latest() = brute
+# force, no non-stale row below the fence in force (fence_log), statuses =
+# latest(), new stamps above the table.
+sub check_state
+{
+	my ($node, $label) = @_;
+	my $rows = one($node, 'SELECT count(*) FROM status_history.history');
+	is(one($node, 'SELECT count(*) - count(DISTINCT occurred_at) FROM status_history.history'),
+		0, "$label: no two of $rows rows share an occurred_at");
 	is( one($node, q{
 			SELECT count(*) FROM (
 				SELECT pg_xact_commit_timestamp(xmin) AS ct,
