@@ -120,7 +120,7 @@ load_base="INSERT INTO plain (occurred_at, object_id, status, replica_id)
 main_load=1
 if [ -n "${FIGURES:-}" ]; then
     main_load=0
-    for f in $FIGURES; do case $f in 6|6b|9) ;; *) main_load=1 ;; esac; done
+    for f in $FIGURES; do case $f in 6|6b|9|12) ;; *) main_load=1 ;; esac; done
 fi
 if [ "$main_load" = 1 ]; then
 echo "-- loading $n reports into each (timed as a bulk append)"
@@ -248,6 +248,37 @@ e=$(q "SELECT bench_median_stmt_ms(\$\$INSERT INTO status_history.history (objec
 b=$(q "SELECT bench_median_stmt_ms(\$\$INSERT INTO plain (occurred_at, object_id, status)
         SELECT clock_timestamp(), 'bulk-' || (i % $OBJECTS), $statuses[1 + i % 5] FROM generate_series(0, $BULK - 1) AS i\$\$, 1)")
 row "2. bulk append in one INSERT ... SELECT" "$BULK rows" "$e" "$b" ms time 2
+fi
+
+# --- 10. every key's state: replica_statuses vs DISTINCT ON (object_id, replica_id)
+if want 10; then
+e=$(q "SELECT bench_median_ms('SELECT * FROM status_history.replica_statuses', $REPS)")
+b=$(q "SELECT bench_median_ms('SELECT DISTINCT ON (object_id, replica_id) * FROM plain ORDER BY object_id, replica_id, occurred_at DESC', $REPS)")
+row "10. every key: replica_statuses vs DISTINCT ON (object_id, replica_id)" "$OBJECTS x $PER_OBJECT" "$e" "$b" ms time -
+fi
+
+# --- 11. reconnect(generation, replica_id): one replica's objects ---------------
+# The load has replicas r0, r1, r2 on every object; the replica's objects are
+# found through replica_state, its newest reports by stamp.
+if want 11; then
+e=$(stmt_median_ms "SELECT count(*) FROM status_history.reconnect(nextval('bench_gen'), 'r1')")
+b=$(stmt_median_ms "INSERT INTO plain (occurred_at, object_id, status, replica_id) SELECT clock_timestamp(), 'obj-' || i, 'running', 'r1' FROM generate_series(0, $OBJECTS - 1) AS i")
+row "11. reconnect(generation, replica_id) vs INSERT ... SELECT of as many rows" "$OBJECTS objects" "$e" "$b" ms time 2
+fi
+
+# --- 12. notifications: a bulk load that changes every status, notify on vs off --
+# BULK new objects in one INSERT ... SELECT: BULK status changes, coalesced
+# past status_history.notify_limit into one overflow notification.
+if want 12; then
+nt=()
+nf=()
+for r in $(seq "$RUNS"); do
+    nt+=("$(q "SELECT bench_median_stmt_ms(\$\$INSERT INTO status_history.history (object_id, status)
+            SELECT 'note-$r-' || i, 'running' FROM generate_series(0, $BULK - 1) AS i\$\$, 1)")")
+    nf+=("$(PGOPTIONS='-c status_history.notify=off' q "SELECT bench_median_stmt_ms(\$\$INSERT INTO status_history.history (object_id, status)
+            SELECT 'quiet-$r-' || i, 'running' FROM generate_series(0, $BULK - 1) AS i\$\$, 1)")")
+done
+row "12. bulk load changing $BULK statuses: notify on vs off" "$BULK objects" "$(median "${nt[@]}")" "$(median "${nf[@]}")" ms time 1.1
 fi
 
 # --- 8. time in status over one day, every object -------------------------------

@@ -810,6 +810,7 @@ status_history_reconnect(PG_FUNCTION_ARGS)
 							  psprintf("object \"%s\"", TextDatumGetCString(ids[i])));
 		}
 		sh_objects_raise_fences(ids, n, generation);
+		sh_objects_prefetch_keys(ids, n, replica_id, replica_null);
 		if (n > 0)
 			append_copies(rsinfo, ids, n, generation, replica_id, replica_null);
 		in_reconnect = false;

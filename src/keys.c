@@ -184,79 +184,109 @@ update_one(text *object_id, const ShKeyState *k)
 	return SPI_processed == 1;
 }
 
-/*
- * Write n keys from their cached values (inside SPI as the owner).  Every
- * row they point at is stored: a key one of whose rows may have been
- * skipped is recomputed instead (sh_keys_recompute).
- */
-void
-sh_keys_write(text **object_ids, ShKeyState **keys, int n)
+/* The seven columns of n key writes, as arrays (args[0..6]). */
+static void
+key_columns(text **object_ids, ShKeyState **keys, int n, Datum *args)
 {
-	static SPIPlanPtr plan = NULL;
-	Oid			types[7] = {TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZARRAYOID, TIMESTAMPTZARRAYOID,
-		TIMESTAMPTZARRAYOID, TEXTARRAYOID, TIMESTAMPTZARRAYOID};
-	Datum	   *elems = palloc(n * sizeof(Datum));
-	bool	   *nulls = palloc(n * sizeof(bool));
-	Datum		args[7];
-	int			ret;
+	Datum	   *elems = palloc(Max(n, 1) * sizeof(Datum));
+	bool	   *nulls = palloc(Max(n, 1) * sizeof(bool));
 
-	if (n == 1 && keys[0]->stored && update_one(object_ids[0], keys[0]))
-		return;
-	if (plan == NULL)
-		plan = sh_prepare_kept("INSERT INTO status_history.replica_state AS k"
-							   " (object_id, replica_id, last_at, last_seen_at, occurred_at, status, status_since)"
-							   " SELECT * FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
-							   "   pg_catalog.unnest($3), pg_catalog.unnest($4), pg_catalog.unnest($5),"
-							   "   pg_catalog.unnest($6), pg_catalog.unnest($7))"
-							   KEYS_UPSERT,
-							   7, types);
 	for (int col = 0; col < 7; col++)
 	{
 		Oid			elemtype = (col == 0 || col == 1 || col == 5) ? TEXTOID : TIMESTAMPTZOID;
 
 		for (int i = 0; i < n; i++)
 		{
-			ShKeyState *k = keys[i];
+			Datum		values[7];
+			char		n7[7];
 
-			nulls[i] = false;
-			switch (col)
-			{
-				case 0:
-					elems[i] = PointerGetDatum(object_ids[i]);
-					break;
-				case 1:
-					nulls[i] = k->replica_id == NULL;
-					elems[i] = PointerGetDatum(k->replica_id);
-					break;
-				case 2:
-					elems[i] = TimestampTzGetDatum(k->last_at);
-					break;
-				case 3:
-					elems[i] = TimestampTzGetDatum(k->last_seen_at);
-					break;
-				case 4:
-					nulls[i] = !k->has_current;
-					elems[i] = TimestampTzGetDatum(k->current_at);
-					break;
-				case 5:
-					nulls[i] = !k->has_current;
-					elems[i] = k->has_current ? CStringGetTextDatum(k->status) : (Datum) 0;
-					break;
-				case 6:
-					nulls[i] = !k->has_current;
-					elems[i] = TimestampTzGetDatum(k->status_since);
-					break;
-			}
+			key_params(object_ids[i], keys[i], values, n7);
+			elems[i] = values[col];
+			nulls[i] = n7[col] == 'n';
 		}
 		args[col] = key_array(elems, nulls, n, elemtype);
 	}
+	pfree(elems);
+	pfree(nulls);
+}
+
+/* Run a set-based key write; returns the rows it wrote. */
+static uint64
+execute_keys(SPIPlanPtr plan, text **object_ids, ShKeyState **keys, int n, int expect)
+{
+	Datum		args[7];
+	int			ret;
+
+	key_columns(object_ids, keys, n, args);
 	ret = sh_execute_own(plan, args, NULL);
-	if (ret != SPI_OK_INSERT)
+	if (ret != expect)
 		elog(ERROR, "status_history: writing back %d keys failed: %s", n, SPI_result_code_string(ret));
 	for (int i = 0; i < 7; i++)
 		pfree(DatumGetPointer(args[i]));
-	pfree(elems);
-	pfree(nulls);
+	return SPI_processed;
+}
+
+#define KEY_ARRAYS \
+	" ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)," \
+	"   pg_catalog.unnest($3), pg_catalog.unnest($4), pg_catalog.unnest($5)," \
+	"   pg_catalog.unnest($6), pg_catalog.unnest($7))"
+
+/*
+ * Write n keys from their cached values (inside SPI as the owner).  Every
+ * row they point at is stored: a key one of whose rows may have been
+ * skipped is recomputed instead (sh_keys_recompute).  Keys whose row exists
+ * get a plain UPDATE; new ones (or all, when a row was missing after all)
+ * an upsert.
+ */
+void
+sh_keys_write(text **object_ids, ShKeyState **keys, int n)
+{
+	static SPIPlanPtr upsert_plan = NULL;
+	static SPIPlanPtr update_plan = NULL;
+	Oid			types[7] = {TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZARRAYOID, TIMESTAMPTZARRAYOID,
+		TIMESTAMPTZARRAYOID, TEXTARRAYOID, TIMESTAMPTZARRAYOID};
+	text	  **ids = palloc(n * sizeof(text *));
+	ShKeyState **ks = palloc(n * sizeof(ShKeyState *));
+	int			stored = 0;
+	int			fresh;
+
+	if (n == 1 && keys[0]->stored && update_one(object_ids[0], keys[0]))
+		return;
+	if (upsert_plan == NULL)
+	{
+		upsert_plan = sh_prepare_kept("INSERT INTO status_history.replica_state AS k"
+									  " (object_id, replica_id, last_at, last_seen_at, occurred_at, status, status_since)"
+									  " SELECT * FROM" KEY_ARRAYS KEYS_UPSERT,
+									  7, types);
+		update_plan = sh_prepare_kept("UPDATE status_history.replica_state AS k"
+									  "   SET last_at = u.last_at, last_seen_at = GREATEST(k.last_seen_at, u.seen),"
+									  "       occurred_at = u.cur, status = u.status, status_since = u.since"
+									  "  FROM" KEY_ARRAYS " AS u(object_id, replica_id, last_at, seen, cur, status, since)"
+									  " WHERE k.object_id OPERATOR(pg_catalog.=) u.object_id"
+									  "   AND k.replica_id IS NOT DISTINCT FROM u.replica_id",
+									  7, types);
+	}
+	/* Stored keys first, then the new ones. */
+	for (int i = 0; i < n; i++)
+		if (keys[i]->stored)
+		{
+			ids[stored] = object_ids[i];
+			ks[stored++] = keys[i];
+		}
+	fresh = stored;
+	for (int i = 0; i < n; i++)
+		if (!keys[i]->stored)
+		{
+			ids[fresh] = object_ids[i];
+			ks[fresh++] = keys[i];
+		}
+	if (stored > 0 &&
+		execute_keys(update_plan, ids, ks, stored, SPI_OK_UPDATE) != (uint64) stored)
+		stored = 0;				/* a row was missing: upsert them all */
+	if (n > stored)
+		(void) execute_keys(upsert_plan, ids + stored, ks + stored, n - stored, SPI_OK_INSERT);
+	pfree(ids);
+	pfree(ks);
 }
 
 /*

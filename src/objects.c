@@ -1202,17 +1202,10 @@ sh_objects_raise_fences(Datum *ids, int n, int64 fence)
 	spi_end(&saved);
 }
 
-/*
- * The state of one key of a locked object, read from its row on first use.
- * The pointer is good until the next key of this object is added.
- */
-ShKeyState *
-sh_objects_key(ShObjectState *state, Datum replica_id, bool replica_null)
+/* The entry's key for replica (NULL: the NULL key), or NULL when not cached. */
+static ShKeyState *
+find_key(CachedObject *entry, text *replica)
 {
-	CachedObject *entry = entry_of(state);
-	text	   *replica = replica_null ? NULL : DatumGetTextPP(replica_id);
-	ShKeyState *key;
-
 	for (int i = 0; i < entry->nkeys; i++)
 	{
 		text	   *r = entry->keys[i].replica_id;
@@ -1221,6 +1214,15 @@ sh_objects_key(ShObjectState *state, Datum replica_id, bool replica_null)
 			(replica != NULL && sh_text_key_match(&r, &replica, 0) == 0))
 			return &entry->keys[i];
 	}
+	return NULL;
+}
+
+/* Add an empty key to the entry (saved for undo first). */
+static ShKeyState *
+add_key(CachedObject *entry, text *replica)
+{
+	ShKeyState *key;
+
 	entry_save(entry);
 	if (entry->nkeys == entry->maxkeys)
 	{
@@ -1238,8 +1240,88 @@ sh_objects_key(ShObjectState *state, Datum replica_id, bool replica_null)
 		key->replica_id = (text *) DatumGetPointer(datumCopy(PointerGetDatum(replica), false, -1));
 		MemoryContextSwitchTo(old);
 	}
+	return key;
+}
+
+/*
+ * The state of one key of a locked object, read from its row on first use.
+ * The pointer is good until the next key of this object is added.
+ */
+ShKeyState *
+sh_objects_key(ShObjectState *state, Datum replica_id, bool replica_null)
+{
+	CachedObject *entry = entry_of(state);
+	text	   *replica = replica_null ? NULL : DatumGetTextPP(replica_id);
+	ShKeyState *key = find_key(entry, replica);
+
+	if (key != NULL)
+		return key;
+	key = add_key(entry, replica);
 	sh_keys_read(PointerGetDatum(entry->key), key);
 	return key;
+}
+
+/*
+ * Read, in one query, the keys that reconnect() or retire_replica() is about
+ * to append copies to, for locked objects (instead of one lookup per copy):
+ * the replica's keys, or (all) the key of each object's current report.
+ */
+void
+sh_objects_prefetch_keys(Datum *ids, int n, Datum replica_id, bool all)
+{
+	static SPIPlanPtr plan = NULL;
+	Oid			types[3] = {TEXTARRAYOID, TEXTOID, BOOLOID};
+	Datum		args[3];
+	char		nulls[3] = {' ', all ? 'n' : ' ', ' '};
+	ShSavedUser saved;
+
+	if (n == 0 || cache == NULL || !sh_keys_enabled())
+		return;
+	args[0] = column_array(ids, n, TEXTOID);
+	args[1] = replica_id;
+	args[2] = BoolGetDatum(all);
+	spi_begin(&saved);
+	if (plan == NULL)
+		plan = sh_prepare_kept("SELECT k.object_id, k.replica_id, k.last_at, k.last_seen_at,"
+							   "       k.occurred_at, k.status, k.status_since"
+							   "  FROM pg_catalog.unnest($1) AS s(id)"
+							   "  JOIN status_history.replica_state AS k ON k.object_id OPERATOR(pg_catalog.=) s.id"
+							   "  JOIN status_history.objects AS o ON o.object_id OPERATOR(pg_catalog.=) s.id"
+							   " WHERE CASE WHEN $3 THEN k.replica_id IS NOT DISTINCT FROM o.replica_id"
+							   "            ELSE k.replica_id OPERATOR(pg_catalog.=) $2 END",
+							   3, types);
+	if (sh_execute_latest(plan, args, nulls, true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "status_history: reading keys failed");
+	for (uint64 r = 0; r < SPI_processed; r++)
+	{
+		HeapTuple	tuple = SPI_tuptable->vals[r];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		bool		isnull;
+		text	   *id = DatumGetTextPP(SPI_getbinval(tuple, desc, 1, &isnull));
+		Datum		replica = SPI_getbinval(tuple, desc, 2, &isnull);
+		CachedObject *entry = hash_search(cache, &id, HASH_FIND, NULL);
+		ShKeyState *key;
+
+		if (entry == NULL || !entry->valid ||
+			find_key(entry, isnull ? NULL : DatumGetTextPP(replica)) != NULL)
+			continue;
+		key = add_key(entry, isnull ? NULL : DatumGetTextPP(replica));
+		key->stored = true;
+		key->last_at = DatumGetTimestampTz(SPI_getbinval(tuple, desc, 3, &isnull));
+		key->last_seen_at = DatumGetTimestampTz(SPI_getbinval(tuple, desc, 4, &isnull));
+		key->current_at = DatumGetTimestampTz(SPI_getbinval(tuple, desc, 5, &isnull));
+		key->has_current = !isnull;
+		if (key->has_current)
+		{
+			Datum		st = SPI_getbinval(tuple, desc, 6, &isnull);
+
+			if (!isnull)
+				text_to_cstring_buffer(DatumGetTextPP(st), key->status, sizeof(key->status));
+			key->status_since = DatumGetTimestampTz(SPI_getbinval(tuple, desc, 7, &isnull));
+		}
+	}
+	spi_end(&saved);
+	pfree(DatumGetPointer(args[0]));
 }
 
 /*

@@ -89,6 +89,7 @@ typedef struct ShKeyState
 
 extern void sh_objects_init(void);
 extern ShKeyState *sh_objects_key(ShObjectState *state, Datum replica_id, bool replica_null);
+extern void sh_objects_prefetch_keys(Datum *ids, int n, Datum replica_id, bool all);
 extern void sh_objects_key_report(ShObjectState *state, ShKeyState *key, TimestampTz stamp,
 								  bool stale, const char *status, bool may_skip, bool seen);
 extern void sh_objects_key_seen(ShObjectState *state, ShKeyState *key, TimestampTz seen);
