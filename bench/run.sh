@@ -244,9 +244,9 @@ fi
 # --- 2. bulk append ------------------------------------------------------------------
 if want 2; then
 e=$(q "SELECT bench_median_stmt_ms(\$\$INSERT INTO status_history.history (object_id, status)
-        SELECT 'bulk-' || (i % $OBJECTS), $statuses[1 + i % 5] FROM generate_series(0, $BULK - 1) AS i\$\$, 1)")
+        SELECT 'bulk-' || (i % $OBJECTS), $statuses[1 + (i / $OBJECTS) % 5] FROM generate_series(0, $BULK - 1) AS i\$\$, 1)")
 b=$(q "SELECT bench_median_stmt_ms(\$\$INSERT INTO plain (occurred_at, object_id, status)
-        SELECT clock_timestamp(), 'bulk-' || (i % $OBJECTS), $statuses[1 + i % 5] FROM generate_series(0, $BULK - 1) AS i\$\$, 1)")
+        SELECT clock_timestamp(), 'bulk-' || (i % $OBJECTS), $statuses[1 + (i / $OBJECTS) % 5] FROM generate_series(0, $BULK - 1) AS i\$\$, 1)")
 row "2. bulk append in one INSERT ... SELECT" "$BULK rows" "$e" "$b" ms time 2
 fi
 

@@ -23,17 +23,45 @@
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
+#include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
 
 #include "status_history.h"
 
-/* Is there a replica_state table (a database not yet updated from 0.2.0 has none)? */
+/* The replica_state table looked up last, and whether that is still good. */
+static Oid	keys_relid = InvalidOid;
+static bool keys_known = false;
+
+static void
+keys_relcache_callback(Datum arg, Oid relid)
+{
+	if (relid == InvalidOid || relid == keys_relid || !OidIsValid(keys_relid))
+		keys_known = false;
+}
+
+/*
+ * Is there a replica_state table (a database not yet updated from 0.2.0 has
+ * none)?  Asked for every row: the answer is kept until a relcache
+ * invalidation may have changed it.
+ */
 bool
 sh_keys_enabled(void)
 {
-	return OidIsValid(sh_relation_oid_if_exists("replica_state"));
+	static bool registered = false;
+
+	if (!registered)
+	{
+		CacheRegisterRelcacheCallback(keys_relcache_callback, (Datum) 0);
+		registered = true;
+	}
+	if (!keys_known)
+	{
+		keys_relid = sh_relation_oid_if_exists("replica_state");
+		keys_known = true;
+	}
+	return OidIsValid(keys_relid);
 }
 
 static TimestampTz
