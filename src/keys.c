@@ -80,7 +80,13 @@ stamp_or_zero(TupleTableSlot *slot, AttrNumber att, bool *isnull)
 void
 sh_keys_read(Datum object_id, ShKeyState *key)
 {
-	Relation	rel = table_open(sh_relation_oid("replica_state"), AccessShareLock);
+	/*
+	 * ROW EXCLUSIVE, kept to the end: a restore merging rows into
+	 * replica_state (SHARE ROW EXCLUSIVE) then waits for this transaction, or
+	 * this read waits for it -- never a key written here on a read made
+	 * before the restore's rows existed.
+	 */
+	Relation	rel = table_open(sh_relation_oid("replica_state"), RowExclusiveLock);
 	Relation	index = index_open(sh_relation_oid("replica_state_key"), AccessShareLock);
 	TupleTableSlot *slot = table_slot_create(rel, NULL);
 	TupleDesc	desc = RelationGetDescr(rel);
@@ -134,7 +140,7 @@ sh_keys_read(Datum object_id, ShKeyState *key)
 	UnregisterSnapshot(snapshot);
 	ExecDropSingleTupleTableSlot(slot);
 	index_close(index, AccessShareLock);
-	table_close(rel, AccessShareLock);
+	table_close(rel, NoLock);
 }
 
 /* The upsert both write-backs share: the cache's values win, last_seen_at only grows. */
