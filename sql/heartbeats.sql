@@ -166,4 +166,12 @@ SELECT count(*) FILTER (WHERE predicted) > 100 AS many_repeats,
 SELECT count(*) FILTER (WHERE stale) > 0 AS some_stale_rows FROM status_history.history;
 SELECT state_mismatches();
 
+-- Settings made before the library is loaded (a new session) are kept.
+\c
+SET status_history.deduplicate = off;
+SET status_history.notify = off;
+SELECT status_history.monotonic_now() IS NOT NULL AS loaded;
+SHOW status_history.deduplicate;
+SHOW status_history.notify;
+
 DROP EXTENSION status_history;

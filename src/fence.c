@@ -863,7 +863,6 @@ sh_fence_init(void)
 							"Past it, reconnect() releases its locks, waits for that object without holding anything, and starts over. 0 waits indefinitely.",
 							&reconnect_lock_timeout, 200, 0, INT_MAX,
 							PGC_USERSET, GUC_UNIT_MS, NULL, NULL, NULL);
-	MarkGUCPrefixReserved("status_history");
 	RegisterXactCallback(fence_xact_callback, NULL);
 	RegisterSubXactCallback(fence_subxact_callback, NULL);
 }

@@ -49,6 +49,8 @@ _PG_init(void)
 	sh_history_init();
 	sh_fence_init();
 	sh_notify_init();
+	/* After every setting is defined: a misspelt one is an error, a placeholder set before loading is kept. */
+	MarkGUCPrefixReserved("status_history");
 }
 
 /* The OID of status_history.<relname>, or InvalidOid (an older version's schema). */
