@@ -94,6 +94,7 @@ typedef struct UndoImage
 	bool		valid;
 	bool		dirty;
 	bool		recompute;
+	bool		fence_dirty;
 	ShObjectState state;
 	ShKeyState *keys;			/* a copy of the entry's keys */
 	int			nkeys;
@@ -107,6 +108,7 @@ typedef struct CachedObject
 	bool		valid;			/* false: read the row again before use */
 	bool		dirty;			/* current report changed, not yet written */
 	bool		recompute;		/* write back by recomputing from the history */
+	bool		fence_dirty;	/* fence raised, not yet written */
 	ShObjectState state;
 	ShKeyState *keys;			/* the keys of this object used so far */
 	int			nkeys;
@@ -153,6 +155,7 @@ static SPIPlanPtr write_many_plan = NULL;
 static SPIPlanPtr recompute_plan = NULL;
 static SPIPlanPtr write_values_plan = NULL;
 static SPIPlanPtr write_trusted_plan = NULL;
+static SPIPlanPtr write_fences_plan = NULL;
 
 static ExecutorFinish_hook_type prev_executor_finish = NULL;
 static ProcessUtility_hook_type prev_process_utility = NULL;
@@ -171,7 +174,8 @@ typedef struct ObjectColumns
 #define WRITE_SET \
 	"   SET occurred_at = h.occurred_at, status = h.status, error = h.error," \
 	"       details = h.details, replica_id = h.replica_id, generation = h.generation," \
-	"       reported_at = h.reported_at, status_since = u.since"
+	"       reported_at = h.reported_at, status_since = u.since," \
+	"       fence = pg_catalog.int8larger(o.fence, u.fence)"
 
 /*
  * The reports made current since the last write-back are all in the history
@@ -189,7 +193,8 @@ typedef struct ObjectColumns
 	"UPDATE status_history.objects AS o" WRITE_SET \
 	"  FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)," \
 	"                  pg_catalog.unnest($3), pg_catalog.unnest($4)," \
-	"                  pg_catalog.unnest($5)) AS u(object_id, stamp, since, first, n)" \
+	"                  pg_catalog.unnest($5), pg_catalog.unnest($6))" \
+	"       AS u(object_id, stamp, since, first, n, fence)" \
 	"  JOIN status_history.history AS h" \
 	"    ON h.occurred_at OPERATOR(pg_catalog.=) u.stamp" \
 	"   AND h.object_id OPERATOR(pg_catalog.=) u.object_id AND NOT h.stale" \
@@ -199,12 +204,13 @@ static void
 prepare_plans(void)
 {
 	Oid			create_types[2] = {TEXTOID, INT8OID};
-	Oid			one_types[5] = {TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT4OID};
-	Oid			many_types[5] = {TEXTARRAYOID, TIMESTAMPTZARRAYOID, TIMESTAMPTZARRAYOID,
-		TIMESTAMPTZARRAYOID, INT4ARRAYOID};
-	Oid			recompute_types[1] = {TEXTOID};
-	Oid			values_types[9] = {TEXTOID, TIMESTAMPTZOID, TEXTOID, TEXTOID, JSONBOID,
-		TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID};
+	Oid			one_types[6] = {TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT4OID, INT8OID};
+	Oid			many_types[6] = {TEXTARRAYOID, TIMESTAMPTZARRAYOID, TIMESTAMPTZARRAYOID,
+		TIMESTAMPTZARRAYOID, INT4ARRAYOID, INT8ARRAYOID};
+	Oid			recompute_types[2] = {TEXTOID, INT8OID};
+	Oid			values_types[10] = {TEXTOID, TIMESTAMPTZOID, TEXTOID, TEXTOID, JSONBOID,
+		TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT8OID};
+	Oid			fence_types[2] = {TEXTARRAYOID, INT8ARRAYOID};
 
 	if (create_plan != NULL)
 		return;
@@ -223,29 +229,37 @@ prepare_plans(void)
 									 "UPDATE status_history.objects AS o" WRITE_SET
 									 "  FROM (SELECT $1::pg_catalog.text AS object_id, $2::pg_catalog.timestamptz AS stamp,"
 									 "               $3::pg_catalog.timestamptz AS since, $4::pg_catalog.timestamptz AS first,"
-									 "               $5::pg_catalog.int4 AS n) AS u"
+									 "               $5::pg_catalog.int4 AS n, $6::pg_catalog.int8 AS fence) AS u"
 									 "  JOIN status_history.history AS h"
 									 "    ON h.occurred_at OPERATOR(pg_catalog.=) u.stamp"
 									 "   AND h.object_id OPERATOR(pg_catalog.=) u.object_id AND NOT h.stale"
 									 " WHERE o.object_id OPERATOR(pg_catalog.=) u.object_id" ALL_THERE,
-									 5, one_types);
+									 6, one_types);
 	write_many_plan = sh_prepare_kept(
 									  WRITE_MANY ALL_THERE,
-									  5, many_types);
+									  6, many_types);
 	write_trusted_plan = sh_prepare_kept(
 										 WRITE_MANY,
-										 5, many_types);
+										 6, many_types);
+	/* Fences raised by reconnect() on objects that get no copy (no current report). */
+	write_fences_plan = sh_prepare_kept(
+										"UPDATE status_history.objects AS o"
+										"   SET fence = pg_catalog.int8larger(o.fence, u.fence)"
+										"  FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS u(object_id, fence)"
+										" WHERE o.object_id OPERATOR(pg_catalog.=) u.object_id",
+										2, fence_types);
 	write_values_plan = sh_prepare_kept(
 										"UPDATE status_history.objects"
 										"   SET occurred_at = $2, status = $3, error = $4, details = $5,"
 										"       replica_id = $6, generation = $7, reported_at = $8,"
-										"       status_since = $9"
+										"       status_since = $9, fence = pg_catalog.int8larger(fence, $10)"
 										" WHERE object_id OPERATOR(pg_catalog.=) $1",
-										9, values_types);
+										10, values_types);
 	/* Brute force over one object's history: the definition of its state. */
 	recompute_plan = sh_prepare_kept(
 									 "UPDATE status_history.objects AS o"
-									 "   SET occurred_at = n.occurred_at, status = n.status, error = n.error,"
+									 "   SET fence = pg_catalog.int8larger(o.fence, $2),"
+									 "       occurred_at = n.occurred_at, status = n.status, error = n.error,"
 									 "       details = n.details, replica_id = n.replica_id,"
 									 "       generation = n.generation, reported_at = n.reported_at,"
 									 "       status_since = (SELECT pg_catalog.min(s.occurred_at)"
@@ -265,7 +279,7 @@ prepare_plans(void)
 									 "                      ORDER BY h.occurred_at DESC LIMIT 1) AS n ON true"
 									 " WHERE o.object_id OPERATOR(pg_catalog.=) $1"
 									 " RETURNING o.occurred_at, o.status, o.status_since",
-									 1, recompute_types);
+									 2, recompute_types);
 }
 
 /* Connect to SPI as the owner of the per-object state; our writes are ours. */
@@ -540,6 +554,7 @@ entry_save(CachedObject *entry)
 	img->valid = entry->valid;
 	img->dirty = entry->dirty;
 	img->recompute = entry->recompute;
+	img->fence_dirty = entry->fence_dirty;
 	img->state = entry->state;
 	img->nkeys = entry->nkeys;
 	img->keys = entry->nkeys == 0 ? NULL :
@@ -624,6 +639,7 @@ cache_abort_level(int level)
 		{
 			entry->valid = restore->valid;
 			entry->recompute = restore->recompute;
+			entry->fence_dirty = restore->fence_dirty;
 			entry->state = restore->state;
 			keys_restore(entry, restore);
 			set_dirty(entry, restore->dirty);
@@ -709,7 +725,7 @@ column_array(Datum *elems, int n, Oid elemtype)
 static void
 recompute(CachedObject *entry)
 {
-	Datum		args[1] = {PointerGetDatum(entry->key)};
+	Datum		args[2] = {PointerGetDatum(entry->key), Int64GetDatum(entry->state.fence)};
 	int			ret = sh_execute_own(recompute_plan, args, NULL);
 	TupleDesc	desc;
 	HeapTuple	tuple;
@@ -753,8 +769,8 @@ stamp_stored(TimestampTz stamp)
 static bool
 write_from_copy(CachedObject *entry)
 {
-	Datum		args[9];
-	char		nulls[9];
+	Datum		args[10];
+	char		nulls[10];
 	int			ret;
 
 	/*
@@ -777,6 +793,8 @@ write_from_copy(CachedObject *entry)
 	}
 	args[8] = TimestampTzGetDatum(entry->state.status_since);
 	nulls[8] = ' ';
+	args[9] = Int64GetDatum(entry->state.fence);
+	nulls[9] = ' ';
 	ret = sh_execute_own(write_values_plan, args, nulls);
 	if (ret != SPI_OK_UPDATE || SPI_processed != 1)
 		elog(ERROR, "status_history: writing back an object failed: %s", SPI_result_code_string(ret));
@@ -787,7 +805,7 @@ write_from_copy(CachedObject *entry)
 static bool
 write_one(CachedObject *entry)
 {
-	Datum		args[5];
+	Datum		args[6];
 	int			ret;
 
 	args[0] = PointerGetDatum(entry->key);
@@ -795,6 +813,7 @@ write_one(CachedObject *entry)
 	args[2] = TimestampTzGetDatum(entry->state.status_since);
 	args[3] = TimestampTzGetDatum(entry->state.pending_first);
 	args[4] = Int32GetDatum(entry->state.pending);
+	args[5] = Int64GetDatum(entry->state.fence);
 	ret = sh_execute_own(write_one_plan, args, NULL);
 	if (ret != SPI_OK_UPDATE)
 		elog(ERROR, "status_history: writing back an object failed: %s",
@@ -807,7 +826,7 @@ static bool
 write_many(CachedObject **entries, int n, SPIPlanPtr plan)
 {
 	Datum	   *elems = palloc(n * sizeof(Datum));
-	Datum		args[5];
+	Datum		args[6];
 	int			ret;
 
 	for (int i = 0; i < n; i++)
@@ -825,12 +844,15 @@ write_many(CachedObject **entries, int n, SPIPlanPtr plan)
 	for (int i = 0; i < n; i++)
 		elems[i] = Int32GetDatum(entries[i]->state.pending);
 	args[4] = column_array(elems, n, INT4OID);
+	for (int i = 0; i < n; i++)
+		elems[i] = Int64GetDatum(entries[i]->state.fence);
+	args[5] = column_array(elems, n, INT8OID);
 	ret = sh_execute_own(plan, args, NULL);
 	if (ret != SPI_OK_UPDATE)
 		elog(ERROR, "status_history: writing back %d objects failed: %s",
 			 n, SPI_result_code_string(ret));
 	pfree(elems);
-	for (int i = 0; i < 5; i++)
+	for (int i = 0; i < 6; i++)
 		pfree(DatumGetPointer(args[i]));
 	return SPI_processed == (uint64) n;
 }
@@ -910,6 +932,31 @@ notify_changes(CachedObject **entries, int n)
 	}
 }
 
+/* Write the raised fences of entries with nothing else to write. */
+static void
+write_fences(CachedObject **entries, int n)
+{
+	Datum	   *elems;
+	Datum		args[2];
+	int			ret;
+
+	if (n == 0)
+		return;
+	elems = palloc(n * sizeof(Datum));
+	for (int i = 0; i < n; i++)
+		elems[i] = PointerGetDatum(entries[i]->key);
+	args[0] = column_array(elems, n, TEXTOID);
+	for (int i = 0; i < n; i++)
+		elems[i] = Int64GetDatum(entries[i]->state.fence);
+	args[1] = column_array(elems, n, INT8OID);
+	ret = sh_execute_own(write_fences_plan, args, NULL);
+	if (ret != SPI_OK_UPDATE || SPI_processed != (uint64) n)
+		elog(ERROR, "status_history: raising fences failed: %s", SPI_result_code_string(ret));
+	pfree(elems);
+	pfree(DatumGetPointer(args[0]));
+	pfree(DatumGetPointer(args[1]));
+}
+
 /* Write a batch of dirty entries; entries were saved for undo already. */
 static void
 write_batch(CachedObject **batch, int n)
@@ -917,12 +964,20 @@ write_batch(CachedObject **batch, int n)
 	CachedObject **objects = palloc(n * sizeof(CachedObject *));
 	int			m = 0;
 
-	/* An entry may be dirty only because of its keys. */
+	int			f = 0;
+
+	/* An entry may be dirty only because of its keys or its fence. */
 	for (int i = 0; i < n; i++)
 		if (batch[i]->recompute || batch[i]->state.pending > 0)
 			objects[m++] = batch[i];
-	write_objects(objects, m);
+	write_objects(objects, m);		/* (writes the fence too) */
 	notify_changes(objects, m);
+	for (int i = 0; i < n; i++)
+		if (batch[i]->fence_dirty && !(batch[i]->recompute || batch[i]->state.pending > 0))
+			objects[f++] = batch[i];
+	write_fences(objects, f);
+	for (int i = 0; i < n; i++)
+		batch[i]->fence_dirty = false;
 	pfree(objects);
 	write_keys(batch, n);
 }
@@ -1093,6 +1148,7 @@ sh_objects_lock(Datum object_id, int64 new_fence)
 		entry->valid = true;
 		entry->dirty = false;
 		entry->recompute = false;
+		entry->fence_dirty = false;
 		entry->state = state;
 		entry->undo = NULL;
 		entry->in_nested = false;
@@ -1162,44 +1218,26 @@ sh_objects_set_current(ShObjectState *state, TimestampTz stamp, const char *stat
 
 /*
  * Raise the fence of every listed object (all locked by the caller) to at
- * least fence, in the table and in the cache alike.
+ * least fence.  The cache has it at once; the table gets it with the
+ * object's next write-back (reconnect()'s copies make one right away), so
+ * an object re-stamped gets one new row version, not two.
  */
 void
 sh_objects_raise_fences(Datum *ids, int n, int64 fence)
 {
-	static SPIPlanPtr plan = NULL;
-	Oid			types[2] = {TEXTARRAYOID, INT8OID};
-	Datum	   *raise = palloc(Max(n, 1) * sizeof(Datum));
-	Datum		args[2];
-	ShSavedUser saved;
-	int			m = 0;
-	int			ret;
-
 	for (int i = 0; i < n; i++)
 	{
 		ShObjectState *state = sh_objects_lock(ids[i], 0);
+		CachedObject *entry = entry_of(state);
 
 		if (state->fence < fence)
 		{
-			entry_save(entry_of(state));
+			entry_save(entry);
 			state->fence = fence;
-			raise[m++] = ids[i];
+			entry->fence_dirty = true;
+			set_dirty(entry, true);
 		}
 	}
-	if (m == 0)
-		return;
-	args[0] = column_array(raise, m, TEXTOID);
-	args[1] = Int64GetDatum(fence);
-	spi_begin(&saved);
-	if (plan == NULL)
-		plan = sh_prepare_kept("UPDATE status_history.objects AS o SET fence = $2"
-							   "  FROM pg_catalog.unnest($1) AS s(id)"
-							   " WHERE o.object_id OPERATOR(pg_catalog.=) s.id"
-							   "   AND o.fence OPERATOR(pg_catalog.<) $2", 2, types);
-	ret = sh_execute_own(plan, args, NULL);
-	if (ret != SPI_OK_UPDATE || SPI_processed != (uint64) m)
-		elog(ERROR, "status_history: raising fences failed: %s", SPI_result_code_string(ret));
-	spi_end(&saved);
 }
 
 /* The entry's key for replica (NULL: the NULL key), or NULL when not cached. */
