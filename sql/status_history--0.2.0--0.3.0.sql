@@ -17,6 +17,11 @@ ALTER FUNCTION status_history.objects_guard() RESET search_path;
 ALTER FUNCTION status_history.history_refuse_change() RESET search_path;
 ALTER FUNCTION status_history.restore_merge() RESET search_path;
 
+COMMENT ON FUNCTION status_history.objects_guard() IS
+'Before any statement on status_history.objects, floors or replica_state not issued by the extension itself, writes back and forgets the cached per-object state and floors.';
+COMMENT ON FUNCTION status_history.restore_merge() IS
+'Rows inserted into objects, floors or replica_state by anyone but the extension (a restore) are merged with what exists: fences and floors keep the higher generation, a key keeps the restored last_seen_at.';
+
 -- @@ per-key state (keys)
 -- A replica's newest report is found through replica_state now.
 DROP INDEX status_history.history_replica_idx;

@@ -159,7 +159,7 @@ AS 'MODULE_PATHNAME', 'status_history_objects_guard'
 LANGUAGE C;
 
 COMMENT ON FUNCTION status_history.objects_guard() IS
-    'Before any statement on status_history.objects or floors not issued by the extension itself, writes back and forgets the cached per-object state and floors.';
+    'Before any statement on status_history.objects, floors or replica_state not issued by the extension itself, writes back and forgets the cached per-object state and floors.';
 
 CREATE FUNCTION status_history.history_refuse_change()
 RETURNS trigger
@@ -195,7 +195,7 @@ AS 'MODULE_PATHNAME', 'status_history_restore_merge'
 LANGUAGE C;
 
 COMMENT ON FUNCTION status_history.restore_merge() IS
-    'Rows inserted into objects or floors by anyone but the extension (a restore) are merged with what exists: fences and floors keep the higher generation.';
+    'Rows inserted into objects, floors or replica_state by anyone but the extension (a restore) are merged with what exists: fences and floors keep the higher generation, a key keeps the restored last_seen_at.';
 
 CREATE TRIGGER objects_restore_merge
     BEFORE INSERT ON status_history.objects

@@ -441,7 +441,7 @@ repeat_of(Relation rel, const ShObjectState *state, const ShKeyState *key,
 		return NULL;
 	/* The newest row is the key's current report, of another status: no need to look. */
 	if (key->has_current && key->current_at == key->last_at &&
-		!same_value(CStringGetTextDatum(key->status), false, values[cols->status], false, texteq))
+		!text_equals(values[cols->status], key->status))
 		return NULL;
 	if (!same_report(rel, key->last_at, values, nulls, cols, true, stale, &row))
 		return NULL;

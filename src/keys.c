@@ -222,24 +222,27 @@ update_one(text *object_id, const ShKeyState *k)
 static void
 key_columns(text **object_ids, ShKeyState **keys, int n, Datum *args)
 {
+	Datum	   *values = palloc(Max(n, 1) * 7 * sizeof(Datum));
+	char	   *flags = palloc(Max(n, 1) * 7);
 	Datum	   *elems = palloc(Max(n, 1) * sizeof(Datum));
 	bool	   *nulls = palloc(Max(n, 1) * sizeof(bool));
 
+	/* Each key's seven parameters once, then one array per column. */
+	for (int i = 0; i < n; i++)
+		key_params(object_ids[i], keys[i], values + 7 * i, flags + 7 * i);
 	for (int col = 0; col < 7; col++)
 	{
 		Oid			elemtype = (col == 0 || col == 1 || col == 5) ? TEXTOID : TIMESTAMPTZOID;
 
 		for (int i = 0; i < n; i++)
 		{
-			Datum		values[7];
-			char		n7[7];
-
-			key_params(object_ids[i], keys[i], values, n7);
-			elems[i] = values[col];
-			nulls[i] = n7[col] == 'n';
+			elems[i] = values[7 * i + col];
+			nulls[i] = flags[7 * i + col] == 'n';
 		}
 		args[col] = key_array(elems, nulls, n, elemtype);
 	}
+	pfree(values);
+	pfree(flags);
 	pfree(elems);
 	pfree(nulls);
 }
@@ -279,13 +282,15 @@ sh_keys_write(text **object_ids, ShKeyState **keys, int n)
 	static SPIPlanPtr update_plan = NULL;
 	Oid			types[7] = {TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZARRAYOID, TIMESTAMPTZARRAYOID,
 		TIMESTAMPTZARRAYOID, TEXTARRAYOID, TIMESTAMPTZARRAYOID};
-	text	  **ids = palloc(n * sizeof(text *));
-	ShKeyState **ks = palloc(n * sizeof(ShKeyState *));
+	text	  **ids;
+	ShKeyState **ks;
 	int			stored = 0;
 	int			fresh;
 
 	if (n == 1 && keys[0]->stored && update_one(object_ids[0], keys[0]))
 		return;
+	ids = palloc(n * sizeof(text *));
+	ks = palloc(n * sizeof(ShKeyState *));
 	if (upsert_plan == NULL)
 	{
 		upsert_plan = sh_prepare_kept("INSERT INTO status_history.replica_state AS k"

@@ -1555,7 +1555,7 @@ sh_own_write(void)
 
 /*
  * SQL: BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE FOR EACH STATEMENT on
- * status_history.objects and floors.  Statements other than this file's own (the
+ * status_history.objects, floors and replica_state.  Statements other than this file's own (the
  * owner's, or a restore) see and change what the cache describes: write it
  * back first and read rows again afterwards.
  */
@@ -1575,7 +1575,7 @@ status_history_objects_guard(PG_FUNCTION_ARGS)
 }
 
 /*
- * SQL: BEFORE INSERT FOR EACH ROW on status_history.objects and floors.  A
+ * SQL: BEFORE INSERT FOR EACH ROW on status_history.objects, floors and replica_state.  A
  * row the extension did not write is a restore (pg_restore, psql < dump) or
  * an owner's import: merge it into what exists instead of failing on the
  * key, keeping the higher fence or floor.  Restoring the history rebuilds
