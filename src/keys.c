@@ -25,6 +25,7 @@
 #include "utils/fmgroids.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
+#include "utils/memutils.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
 
@@ -72,13 +73,65 @@ stamp_or_zero(TupleTableSlot *slot, AttrNumber att, bool *isnull)
 	return *isnull ? 0 : DatumGetTimestampTz(d);
 }
 
+/* Where the columns a key's state needs are in replica_state. */
+typedef struct KeyColumns
+{
+	AttrNumber	replica_id;
+	AttrNumber	last_at;
+	AttrNumber	last_seen_at;
+	AttrNumber	occurred_at;
+	AttrNumber	status;
+	AttrNumber	status_since;
+} KeyColumns;
+
+static void
+key_columns(TupleDesc desc, KeyColumns *cols)
+{
+	cols->replica_id = SPI_fnumber(desc, "replica_id");
+	cols->last_at = SPI_fnumber(desc, "last_at");
+	cols->last_seen_at = SPI_fnumber(desc, "last_seen_at");
+	cols->occurred_at = SPI_fnumber(desc, "occurred_at");
+	cols->status = SPI_fnumber(desc, "status");
+	cols->status_since = SPI_fnumber(desc, "status_since");
+	if (cols->replica_id <= 0 || cols->last_at <= 0 || cols->last_seen_at <= 0 ||
+		cols->occurred_at <= 0 || cols->status <= 0 || cols->status_since <= 0)
+		elog(ERROR, "status_history: a column is missing from status_history.replica_state");
+}
+
+/* A key's row as state; its replica_id points into the slot. */
+static void
+key_from_slot(TupleTableSlot *slot, const KeyColumns *cols, ShKeyState *key)
+{
+	bool		isnull;
+	Datum		replica = slot_getattr(slot, cols->replica_id, &isnull);
+
+	memset(key, 0, sizeof(ShKeyState));
+	key->replica_id = isnull ? NULL : DatumGetTextPP(replica);
+	key->stored = true;
+	key->last_at = stamp_or_zero(slot, cols->last_at, &isnull);
+	key->last_seen_at = stamp_or_zero(slot, cols->last_seen_at, &isnull);
+	key->current_at = stamp_or_zero(slot, cols->occurred_at, &isnull);
+	key->has_current = !isnull;
+	key->status_since = stamp_or_zero(slot, cols->status_since, &isnull);
+	if (key->has_current)
+	{
+		Datum		d = slot_getattr(slot, cols->status, &isnull);
+
+		if (!isnull)
+			text_to_cstring_buffer(DatumGetTextPP(d), key->status, sizeof(key->status));
+	}
+}
+
 /*
- * Read the key's row (key->replica_id set by the caller) as of now: our own
- * writes and everything committed.  The caller holds the object's row lock,
- * so nobody else changes it meanwhile.
+ * Read the rows of many keys as of now (our own writes and everything
+ * committed), opening replica_state and its key index once: for each object
+ * in object_ids, the key (object, replica_id) -- or, with every_replica, all
+ * of the object's keys -- is handed to found().  The caller holds the
+ * objects' row locks, so nobody else changes these rows meanwhile.
  */
 void
-sh_keys_read(Datum object_id, ShKeyState *key)
+sh_keys_read_many(Datum *object_ids, int n, text *replica_id, bool every_replica,
+				  ShKeyFound found, void *arg)
 {
 	/*
 	 * ROW EXCLUSIVE, kept to the end: a restore merging rows into
@@ -89,58 +142,77 @@ sh_keys_read(Datum object_id, ShKeyState *key)
 	Relation	rel = table_open(sh_relation_oid("replica_state"), RowExclusiveLock);
 	Relation	index = index_open(sh_relation_oid("replica_state_key"), AccessShareLock);
 	TupleTableSlot *slot = table_slot_create(rel, NULL);
-	TupleDesc	desc = RelationGetDescr(rel);
+	MemoryContext row_context = AllocSetContextCreate(CurrentMemoryContext,
+													  "status_history key read",
+													  ALLOCSET_SMALL_SIZES);
+	KeyColumns	cols;
 	Snapshot	snapshot;
 	IndexScanDesc scan;
 	ScanKeyData skeys[2];
+	int			nkeys = every_replica ? 1 : 2;
 
+	key_columns(RelationGetDescr(rel), &cols);
 	CommandCounterIncrement();	/* see our own latest write */
 	snapshot = RegisterSnapshot(GetLatestSnapshot());
-	ScanKeyInit(&skeys[0], 1, BTEqualStrategyNumber, F_TEXTEQ, object_id);
-	skeys[0].sk_collation = index->rd_indcollation[0];
-	if (key->replica_id == NULL)
+	scan = index_beginscan(rel, index, snapshot, nkeys, 0);
+	for (int i = 0; i < n; i++)
 	{
-		ScanKeyEntryInitialize(&skeys[1], SK_ISNULL | SK_SEARCHNULL, 2,
-							   InvalidStrategy, InvalidOid, InvalidOid, InvalidOid, (Datum) 0);
-	}
-	else
-	{
-		ScanKeyInit(&skeys[1], 2, BTEqualStrategyNumber, F_TEXTEQ,
-					PointerGetDatum(key->replica_id));
-		skeys[1].sk_collation = index->rd_indcollation[1];
-	}
-	scan = index_beginscan(rel, index, snapshot, 2, 0);
-	index_rescan(scan, skeys, 2, NULL, 0);
-	key->stored = index_getnext_slot(scan, ForwardScanDirection, slot);
-	if (key->stored)
-	{
-		bool		isnull;
-		AttrNumber	last_at = SPI_fnumber(desc, "last_at");
-		AttrNumber	seen = SPI_fnumber(desc, "last_seen_at");
-		AttrNumber	current = SPI_fnumber(desc, "occurred_at");
-		AttrNumber	since = SPI_fnumber(desc, "status_since");
-		AttrNumber	status = SPI_fnumber(desc, "status");
-
-		if (last_at <= 0 || seen <= 0 || current <= 0 || since <= 0 || status <= 0)
-			elog(ERROR, "status_history: a column is missing from status_history.replica_state");
-		key->last_at = stamp_or_zero(slot, last_at, &isnull);
-		key->last_seen_at = stamp_or_zero(slot, seen, &isnull);
-		key->current_at = stamp_or_zero(slot, current, &isnull);
-		key->has_current = !isnull;
-		key->status_since = stamp_or_zero(slot, since, &isnull);
-		if (key->has_current)
+		ScanKeyInit(&skeys[0], 1, BTEqualStrategyNumber, F_TEXTEQ, object_ids[i]);
+		skeys[0].sk_collation = index->rd_indcollation[0];
+		if (every_replica)
+			;
+		else if (replica_id == NULL)
+			ScanKeyEntryInitialize(&skeys[1], SK_ISNULL | SK_SEARCHNULL, 2,
+								   InvalidStrategy, InvalidOid, InvalidOid, InvalidOid, (Datum) 0);
+		else
 		{
-			Datum		d = slot_getattr(slot, status, &isnull);
+			ScanKeyInit(&skeys[1], 2, BTEqualStrategyNumber, F_TEXTEQ,
+						PointerGetDatum(replica_id));
+			skeys[1].sk_collation = index->rd_indcollation[1];
+		}
+		index_rescan(scan, skeys, nkeys, NULL, 0);
+		while (index_getnext_slot(scan, ForwardScanDirection, slot))
+		{
+			MemoryContext old = MemoryContextSwitchTo(row_context);
+			ShKeyState	key;
 
-			if (!isnull)
-				text_to_cstring_buffer(DatumGetTextPP(d), key->status, sizeof(key->status));
+			key_from_slot(slot, &cols, &key);
+			found(i, &key, arg);
+			MemoryContextSwitchTo(old);
+			MemoryContextReset(row_context);
+			if (!every_replica)
+				break;			/* the key is unique */
 		}
 	}
 	index_endscan(scan);
 	UnregisterSnapshot(snapshot);
 	ExecDropSingleTupleTableSlot(slot);
+	MemoryContextDelete(row_context);
 	index_close(index, AccessShareLock);
 	table_close(rel, NoLock);
+}
+
+/* sh_keys_read's found(): copy the row's state, keeping the caller's replica_id. */
+static void
+copy_key(int i, const ShKeyState *row, void *arg)
+{
+	ShKeyState *key = (ShKeyState *) arg;
+	text	   *replica = key->replica_id;
+
+	(void) i;
+	*key = *row;
+	key->replica_id = replica;
+}
+
+/*
+ * Read one key's row (key->replica_id set by the caller) as of now; a key
+ * without a row is left empty.
+ */
+void
+sh_keys_read(Datum object_id, ShKeyState *key)
+{
+	key->stored = false;
+	sh_keys_read_many(&object_id, 1, key->replica_id, false, copy_key, key);
 }
 
 /* The upsert both write-backs share: the cache's values win, last_seen_at only grows. */
@@ -220,7 +292,7 @@ update_one(text *object_id, const ShKeyState *k)
 
 /* The seven columns of n key writes, as arrays (args[0..6]). */
 static void
-key_columns(text **object_ids, ShKeyState **keys, int n, Datum *args)
+key_arrays(text **object_ids, ShKeyState **keys, int n, Datum *args)
 {
 	Datum	   *values = palloc(Max(n, 1) * 7 * sizeof(Datum));
 	char	   *flags = palloc(Max(n, 1) * 7);
@@ -254,7 +326,7 @@ execute_keys(SPIPlanPtr plan, text **object_ids, ShKeyState **keys, int n, int e
 	Datum		args[7];
 	int			ret;
 
-	key_columns(object_ids, keys, n, args);
+	key_arrays(object_ids, keys, n, args);
 	ret = sh_execute_own(plan, args, NULL);
 	if (ret != expect)
 		elog(ERROR, "status_history: writing back %d keys failed: %s", n, SPI_result_code_string(ret));

@@ -188,6 +188,16 @@ typedef struct ObjectColumns
 	"           AND c.occurred_at OPERATOR(pg_catalog.>=) u.first" \
 	"           AND c.occurred_at OPERATOR(pg_catalog.<=) u.stamp) OPERATOR(pg_catalog.=) u.n)"
 
+/*
+ * An object's report, found by its stamp: a probe of the primary key.  The
+ * object id is compared by function, not operator, so that the planner
+ * cannot probe (object_id, occurred_at) instead: comparing text at every
+ * level of that index cost twice the probe by stamp.
+ */
+#define FIND_REPORT \
+	"    ON h.occurred_at OPERATOR(pg_catalog.=) u.stamp" \
+	"   AND pg_catalog.texteq(h.object_id, u.object_id) AND NOT h.stale"
+
 /* The bulk write-back: one row per object, its report found by stamp. */
 #define WRITE_MANY \
 	"UPDATE status_history.objects AS o" WRITE_SET \
@@ -195,9 +205,7 @@ typedef struct ObjectColumns
 	"                  pg_catalog.unnest($3), pg_catalog.unnest($4)," \
 	"                  pg_catalog.unnest($5), pg_catalog.unnest($6))" \
 	"       AS u(object_id, stamp, since, first, n, fence)" \
-	"  JOIN status_history.history AS h" \
-	"    ON h.occurred_at OPERATOR(pg_catalog.=) u.stamp" \
-	"   AND h.object_id OPERATOR(pg_catalog.=) u.object_id AND NOT h.stale" \
+	"  JOIN status_history.history AS h" FIND_REPORT \
 	" WHERE o.object_id OPERATOR(pg_catalog.=) u.object_id"
 
 static void
@@ -230,9 +238,7 @@ prepare_plans(void)
 									 "  FROM (SELECT $1::pg_catalog.text AS object_id, $2::pg_catalog.timestamptz AS stamp,"
 									 "               $3::pg_catalog.timestamptz AS since, $4::pg_catalog.timestamptz AS first,"
 									 "               $5::pg_catalog.int4 AS n, $6::pg_catalog.int8 AS fence) AS u"
-									 "  JOIN status_history.history AS h"
-									 "    ON h.occurred_at OPERATOR(pg_catalog.=) u.stamp"
-									 "   AND h.object_id OPERATOR(pg_catalog.=) u.object_id AND NOT h.stale"
+									 "  JOIN status_history.history AS h" FIND_REPORT
 									 " WHERE o.object_id OPERATOR(pg_catalog.=) u.object_id" ALL_THERE,
 									 6, one_types);
 	write_many_plan = sh_prepare_kept(
@@ -962,23 +968,29 @@ static void
 write_batch(CachedObject **batch, int n)
 {
 	CachedObject **objects = palloc(n * sizeof(CachedObject *));
+	CachedObject **fences = palloc(n * sizeof(CachedObject *));
 	int			m = 0;
-
 	int			f = 0;
 
-	/* An entry may be dirty only because of its keys or its fence. */
+	/*
+	 * An entry may be dirty only because of its keys or its fence.  Sorted
+	 * before anything is written: writing an object's state clears its
+	 * pending count, and its fence went with it.
+	 */
 	for (int i = 0; i < n; i++)
+	{
 		if (batch[i]->recompute || batch[i]->state.pending > 0)
 			objects[m++] = batch[i];
+		else if (batch[i]->fence_dirty)
+			fences[f++] = batch[i];
+	}
 	write_objects(objects, m);		/* (writes the fence too) */
 	notify_changes(objects, m);
-	for (int i = 0; i < n; i++)
-		if (batch[i]->fence_dirty && !(batch[i]->recompute || batch[i]->state.pending > 0))
-			objects[f++] = batch[i];
-	write_fences(objects, f);
+	write_fences(fences, f);
 	for (int i = 0; i < n; i++)
 		batch[i]->fence_dirty = false;
 	pfree(objects);
+	pfree(fences);
 	write_keys(batch, n);
 }
 
@@ -1299,67 +1311,37 @@ sh_objects_key(ShObjectState *state, Datum replica_id, bool replica_null)
 	return key;
 }
 
+/* sh_objects_prefetch_keys' found(): a key of a locked object not in its entry yet. */
+static void
+prefetched_key(int i, const ShKeyState *row, void *arg)
+{
+	Datum	   *ids = (Datum *) arg;
+	text	   *id = DatumGetTextPP(ids[i]);
+	CachedObject *entry = hash_search(cache, &id, HASH_FIND, NULL);
+	ShKeyState *key;
+	text	   *replica;
+
+	if (entry == NULL || !entry->valid || find_key(entry, row->replica_id) != NULL)
+		return;
+	key = add_key(entry, row->replica_id);
+	replica = key->replica_id;
+	*key = *row;
+	key->replica_id = replica;
+}
+
 /*
- * Read, in one query, the keys that reconnect() or retire_replica() is about
- * to append copies to, for locked objects (instead of one lookup per copy):
- * the replica's keys, or (all) the key of each object's current report.
+ * Read the keys that reconnect() or retire_replica() is about to append
+ * copies to, for locked objects, in one pass over the key index (instead of
+ * one lookup per copy): the replica's keys, or (all) every key of each
+ * object, the key of its current report among them.
  */
 void
 sh_objects_prefetch_keys(Datum *ids, int n, Datum replica_id, bool all)
 {
-	static SPIPlanPtr plan = NULL;
-	Oid			types[3] = {TEXTARRAYOID, TEXTOID, BOOLOID};
-	Datum		args[3];
-	char		nulls[3] = {' ', all ? 'n' : ' ', ' '};
-	ShSavedUser saved;
-
 	if (n == 0 || cache == NULL || !sh_keys_enabled())
 		return;
-	args[0] = column_array(ids, n, TEXTOID);
-	args[1] = replica_id;
-	args[2] = BoolGetDatum(all);
-	spi_begin(&saved);
-	if (plan == NULL)
-		plan = sh_prepare_kept("SELECT k.object_id, k.replica_id, k.last_at, k.last_seen_at,"
-							   "       k.occurred_at, k.status, k.status_since"
-							   "  FROM pg_catalog.unnest($1) AS s(id)"
-							   "  JOIN status_history.replica_state AS k ON k.object_id OPERATOR(pg_catalog.=) s.id"
-							   "  JOIN status_history.objects AS o ON o.object_id OPERATOR(pg_catalog.=) s.id"
-							   " WHERE CASE WHEN $3 THEN k.replica_id IS NOT DISTINCT FROM o.replica_id"
-							   "            ELSE k.replica_id OPERATOR(pg_catalog.=) $2 END",
-							   3, types);
-	if (sh_execute_latest(plan, args, nulls, true, 0) != SPI_OK_SELECT)
-		elog(ERROR, "status_history: reading keys failed");
-	for (uint64 r = 0; r < SPI_processed; r++)
-	{
-		HeapTuple	tuple = SPI_tuptable->vals[r];
-		TupleDesc	desc = SPI_tuptable->tupdesc;
-		bool		isnull;
-		text	   *id = DatumGetTextPP(SPI_getbinval(tuple, desc, 1, &isnull));
-		Datum		replica = SPI_getbinval(tuple, desc, 2, &isnull);
-		CachedObject *entry = hash_search(cache, &id, HASH_FIND, NULL);
-		ShKeyState *key;
-
-		if (entry == NULL || !entry->valid ||
-			find_key(entry, isnull ? NULL : DatumGetTextPP(replica)) != NULL)
-			continue;
-		key = add_key(entry, isnull ? NULL : DatumGetTextPP(replica));
-		key->stored = true;
-		key->last_at = DatumGetTimestampTz(SPI_getbinval(tuple, desc, 3, &isnull));
-		key->last_seen_at = DatumGetTimestampTz(SPI_getbinval(tuple, desc, 4, &isnull));
-		key->current_at = DatumGetTimestampTz(SPI_getbinval(tuple, desc, 5, &isnull));
-		key->has_current = !isnull;
-		if (key->has_current)
-		{
-			Datum		st = SPI_getbinval(tuple, desc, 6, &isnull);
-
-			if (!isnull)
-				text_to_cstring_buffer(DatumGetTextPP(st), key->status, sizeof(key->status));
-			key->status_since = DatumGetTimestampTz(SPI_getbinval(tuple, desc, 7, &isnull));
-		}
-	}
-	spi_end(&saved);
-	pfree(DatumGetPointer(args[0]));
+	sh_keys_read_many(ids, n, all ? NULL : DatumGetTextPP(replica_id), all,
+					  prefetched_key, ids);
 }
 
 /*
