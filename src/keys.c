@@ -239,8 +239,8 @@ key_array(Datum *elems, bool *nulls, int n, Oid elemtype)
 }
 
 /* The columns of a key write, as parameters: id, replica, last, seen, current, status, since. */
-static void
-key_params(text *object_id, const ShKeyState *k, Datum *values, char *nulls)
+void
+sh_keys_params(text *object_id, const ShKeyState *k, Datum *values, char *nulls)
 {
 	values[0] = PointerGetDatum(object_id);
 	values[1] = PointerGetDatum(k->replica_id);
@@ -258,6 +258,24 @@ key_params(text *object_id, const ShKeyState *k, Datum *values, char *nulls)
 }
 
 /*
+ * The UPDATE of one stored key, its seven parameters (key_params' order)
+ * numbered from $first: two texts, so that both use the unique index (IS NOT
+ * DISTINCT FROM would not).
+ */
+char *
+sh_keys_update_sql(int first, bool null_replica)
+{
+	return psprintf("UPDATE status_history.replica_state AS k"
+					"   SET last_at = $%d,"
+					"       last_seen_at = pg_catalog.timestamptz_larger(k.last_seen_at, $%d),"
+					"       occurred_at = $%d, status = $%d, status_since = $%d"
+					" WHERE k.object_id OPERATOR(pg_catalog.=) $%d AND %s",
+					first + 2, first + 3, first + 4, first + 5, first + 6, first,
+					null_replica ? psprintf("k.replica_id IS NULL AND $%d::pg_catalog.text IS NULL", first + 1) :
+					psprintf("k.replica_id OPERATOR(pg_catalog.=) $%d", first + 1));
+}
+
+/*
  * Write one key whose row exists with a plain UPDATE (the common case: a
  * report on a key seen before); false when the row was not there.
  */
@@ -272,18 +290,9 @@ update_one(text *object_id, const ShKeyState *k)
 	int			which = k->replica_id == NULL ? 0 : 1;
 	int			ret;
 
-	/* Two plans, so that both use the unique index (IS NOT DISTINCT FROM would not). */
 	if (plans[which] == NULL)
-		plans[which] = sh_prepare_kept(psprintf(
-												"UPDATE status_history.replica_state AS k"
-												"   SET last_at = $3,"
-												"       last_seen_at = pg_catalog.timestamptz_larger(k.last_seen_at, $4),"
-												"       occurred_at = $5, status = $6, status_since = $7"
-												" WHERE k.object_id OPERATOR(pg_catalog.=) $1 AND %s",
-												which == 0 ? "k.replica_id IS NULL AND $2 IS NULL" :
-												"k.replica_id OPERATOR(pg_catalog.=) $2"),
-									   7, types);
-	key_params(object_id, k, values, nulls);
+		plans[which] = sh_prepare_kept(sh_keys_update_sql(1, which == 0), 7, types);
+	sh_keys_params(object_id, k, values, nulls);
 	ret = sh_execute_own(plans[which], values, nulls);
 	if (ret != SPI_OK_UPDATE)
 		elog(ERROR, "status_history: writing back a key failed: %s", SPI_result_code_string(ret));
@@ -301,7 +310,7 @@ key_arrays(text **object_ids, ShKeyState **keys, int n, Datum *args)
 
 	/* Each key's seven parameters once, then one array per column. */
 	for (int i = 0; i < n; i++)
-		key_params(object_ids[i], keys[i], values + 7 * i, flags + 7 * i);
+		sh_keys_params(object_ids[i], keys[i], values + 7 * i, flags + 7 * i);
 	for (int col = 0; col < 7; col++)
 	{
 		Oid			elemtype = (col == 0 || col == 1 || col == 5) ? TEXTOID : TIMESTAMPTZOID;

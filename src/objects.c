@@ -198,6 +198,14 @@ typedef struct ObjectColumns
 	"    ON h.occurred_at OPERATOR(pg_catalog.=) u.stamp" \
 	"   AND pg_catalog.texteq(h.object_id, u.object_id) AND NOT h.stale"
 
+/* One object's row from the values of its report. */
+#define WRITE_VALUES \
+	"UPDATE status_history.objects" \
+	"   SET occurred_at = $2, status = $3, error = $4, details = $5," \
+	"       replica_id = $6, generation = $7, reported_at = $8," \
+	"       status_since = $9, fence = pg_catalog.int8larger(fence, $10)" \
+	" WHERE object_id OPERATOR(pg_catalog.=) $1"
+
 /* The bulk write-back: one row per object, its report found by stamp. */
 #define WRITE_MANY \
 	"UPDATE status_history.objects AS o" WRITE_SET \
@@ -254,13 +262,7 @@ prepare_plans(void)
 										"  FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS u(object_id, fence)"
 										" WHERE o.object_id OPERATOR(pg_catalog.=) u.object_id",
 										2, fence_types);
-	write_values_plan = sh_prepare_kept(
-										"UPDATE status_history.objects"
-										"   SET occurred_at = $2, status = $3, error = $4, details = $5,"
-										"       replica_id = $6, generation = $7, reported_at = $8,"
-										"       status_since = $9, fence = pg_catalog.int8larger(fence, $10)"
-										" WHERE object_id OPERATOR(pg_catalog.=) $1",
-										10, values_types);
+	write_values_plan = sh_prepare_kept(WRITE_VALUES, 10, values_types);
 	/* Brute force over one object's history: the definition of its state. */
 	recompute_plan = sh_prepare_kept(
 									 "UPDATE status_history.objects AS o"
@@ -769,25 +771,24 @@ stamp_stored(TimestampTz stamp)
 }
 
 /*
- * Write one entry from the copy of its report, when that is the only report
- * made current since the last write-back and its row is stored.
+ * Can the entry be written from the copy of its report?  When that is the
+ * only report made current since the last write-back and its row is stored.
+ * Not when another trigger may have changed the row after ours copied it
+ * (pending_may_skip): then the stored row is the one to copy.  Otherwise
+ * nothing can skip the row, and a row in flight is held back by the caller
+ * (sh_objects_flush): it is stored, no need to look.
  */
 static bool
-write_from_copy(CachedObject *entry)
+copy_is_current(CachedObject *entry)
 {
-	Datum		args[10];
-	char		nulls[10];
-	int			ret;
+	return entry == last_entry && last_stamp == entry->state.current_at &&
+		entry->state.pending == 1 && !entry->state.pending_may_skip;
+}
 
-	/*
-	 * Not when another trigger may have changed the row after ours copied it
-	 * (pending_may_skip): then the stored row is the one to copy.  Otherwise
-	 * nothing can skip the row, and a row in flight is held back by the
-	 * caller (sh_objects_flush): it is stored, no need to look.
-	 */
-	if (entry != last_entry || last_stamp != entry->state.current_at ||
-		entry->state.pending != 1 || entry->state.pending_may_skip)
-		return false;
+/* The ten parameters of WRITE_VALUES, from the copy of the report. */
+static void
+copy_params(CachedObject *entry, Datum *args, char *nulls)
+{
 	args[0] = PointerGetDatum(entry->key);
 	nulls[0] = ' ';
 	args[1] = TimestampTzGetDatum(last_stamp);
@@ -801,9 +802,76 @@ write_from_copy(CachedObject *entry)
 	nulls[8] = ' ';
 	args[9] = Int64GetDatum(entry->state.fence);
 	nulls[9] = ' ';
+}
+
+/* Write one entry from the copy of its report, when copy_is_current(). */
+static bool
+write_from_copy(CachedObject *entry)
+{
+	Datum		args[10];
+	char		nulls[10];
+	int			ret;
+
+	if (!copy_is_current(entry))
+		return false;
+	copy_params(entry, args, nulls);
 	ret = sh_execute_own(write_values_plan, args, nulls);
 	if (ret != SPI_OK_UPDATE || SPI_processed != 1)
 		elog(ERROR, "status_history: writing back an object failed: %s", SPI_result_code_string(ret));
+	return true;
+}
+
+/*
+ * The one-report statement (a report() call): the object's row from the
+ * copy and its one dirty, stored key in a single statement, instead of two.
+ * False, having written nothing or what the caller writes again to the same
+ * values, when the entry is not that simple or a row was not there.
+ */
+static bool
+write_object_and_key(CachedObject *entry)
+{
+	static SPIPlanPtr plans[2] = {NULL, NULL};
+	ShKeyState *key = NULL;
+	Datum		args[17];
+	char		nulls[17];
+	int			which;
+	int			ret;
+	bool		isnull;
+
+	if (entry->recompute || entry->keys_recompute || !copy_is_current(entry))
+		return false;
+	for (int k = 0; k < entry->nkeys; k++)
+		if (entry->keys[k].dirty)
+		{
+			if (key != NULL)
+				return false;
+			key = &entry->keys[k];
+		}
+	if (key == NULL || !key->stored)
+		return false;
+	which = key->replica_id == NULL ? 0 : 1;
+	if (plans[which] == NULL)
+	{
+		Oid			types[17] = {TEXTOID, TIMESTAMPTZOID, TEXTOID, TEXTOID, JSONBOID,
+			TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT8OID,
+			TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID, TEXTOID, TIMESTAMPTZOID};
+
+		plans[which] = sh_prepare_kept(psprintf("WITH o AS (" WRITE_VALUES " RETURNING 1) %s"
+												" RETURNING (SELECT pg_catalog.count(*) FROM o)",
+												sh_keys_update_sql(11, which == 0)),
+									   17, types);
+	}
+	copy_params(entry, args, nulls);
+	sh_keys_params(entry->key, key, args + 10, nulls + 10);
+	ret = sh_execute_own(plans[which], args, nulls);
+	if (ret != SPI_OK_UPDATE_RETURNING)
+		elog(ERROR, "status_history: writing back an object failed: %s", SPI_result_code_string(ret));
+	if (SPI_processed != 1 ||
+		DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)) != 1)
+		return false;
+	entry->state.pending = 0;
+	entry->fence_dirty = false;
+	key->dirty = false;
 	return true;
 }
 
@@ -977,6 +1045,13 @@ write_batch(CachedObject **batch, int n)
 	 * before anything is written: writing an object's state clears its
 	 * pending count, and its fence went with it.
 	 */
+	if (n == 1 && write_object_and_key(batch[0]))
+	{
+		notify_changes(batch, 1);
+		pfree(objects);
+		pfree(fences);
+		return;
+	}
 	for (int i = 0; i < n; i++)
 	{
 		if (batch[i]->recompute || batch[i]->state.pending > 0)

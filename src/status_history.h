@@ -119,6 +119,8 @@ extern void sh_keys_read(Datum object_id, ShKeyState *key);
 typedef void (*ShKeyFound) (int i, const ShKeyState *row, void *arg);
 extern void sh_keys_read_many(Datum *object_ids, int n, text *replica_id, bool every_replica,
 							  ShKeyFound found, void *arg);
+extern void sh_keys_params(text *object_id, const ShKeyState *k, Datum *values, char *nulls);
+extern char *sh_keys_update_sql(int first, bool null_replica);
 extern void sh_keys_write(text **object_ids, ShKeyState **keys, int n);
 extern void sh_keys_recompute(text *object_id, ShKeyState *cached, int ncached);
 
