@@ -5,9 +5,16 @@
 # Sizes are environment variables.  The defaults are scaled down to finish in
 # a few minutes on 2 cores; BENCH_FULL=1 uses the sizes the targets are stated
 # for (100k objects x 50 reports, 1M bulk rows), which takes longer.
+#
+# At the end it writes a chart of every figure that has a target, as its
+# ratio against the target (bench/chart.sh), to bench/out/figures.png or
+# BENCH_CHART=<path>.png, and the rows behind it beside it (<path>.tsv).
 set -euo pipefail
+chart=${BENCH_CHART:-}
+[ -z "$chart" ] || [[ $chart == /* ]] || chart="$PWD/$chart"
 cd "$(dirname "$0")/.."
 root=$(pwd)
+: "${chart:=$root/bench/out/figures.png}"
 source test/deps.sh
 # PG_BIN=<bin directory of a private copy of the installation> (made as
 # bench/compare.sh makes one): build with the system's headers, install into
@@ -77,13 +84,15 @@ row() {
 }
 
 # Median tps of a pgbench script over RUNS runs, extension and baseline
-# alternating so that drift hits both alike.  Prints "ext base".
+# alternating so that drift hits both alike.  Prints "ext base".  MODE is
+# pgbench's query protocol: simple (the default: every statement is parsed and
+# planned anew) or prepared (parsed once, plans cached per connection).
 tps_pair() {
-    local clients=$1 ext=$2 base=$3 e=() b=()
+    local clients=$1 ext=$2 base=$3 mode=${4:-simple} e=() b=()
     local jobs=$(( clients < 2 ? 1 : 2 ))
     for _ in $(seq "$RUNS"); do
-        e+=("$(pgbench -n -c "$clients" -j "$jobs" -T "$DURATION" -f "$ext" 2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p')")
-        b+=("$(pgbench -n -c "$clients" -j "$jobs" -T "$DURATION" -f "$base" 2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p')")
+        e+=("$(pgbench -n -M "$mode" -c "$clients" -j "$jobs" -T "$DURATION" -f "$ext" 2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p')")
+        b+=("$(pgbench -n -M "$mode" -c "$clients" -j "$jobs" -T "$DURATION" -f "$base" 2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p')")
     done
     echo "$(median "${e[@]}") $(median "${b[@]}")"
 }
@@ -201,9 +210,15 @@ ext=$(script point_ext "\\set obj random(0, $((OBJECTS - 1)))
 SELECT * FROM status_history.statuses WHERE object_id = 'obj-' || :obj;")
 base=$(script point_base "\\set obj random(0, $((OBJECTS - 1)))
 SELECT * FROM plain_pk WHERE object_id = 'obj-' || :obj;")
-read -r e b <<<"$(tps_pair 1 "$ext" "$base")"
-row "4. one object through statuses vs primary-key lookup (latency)" "$OBJECTS objects" \
-    "$(awk -v t="$e" 'BEGIN {printf "%.1f", 1e6 / t}')" "$(awk -v t="$b" 'BEGIN {printf "%.1f", 1e6 / t}')" us time 2
+# Cached plans (a prepared statement, as a client library's would be), and
+# planned anew every time (the simple protocol, as an ad-hoc psql query).
+latency_us() { awk -v t="$1" 'BEGIN {printf "%.1f", 1e6 / t}'; }
+read -r e b <<<"$(tps_pair 1 "$ext" "$base" prepared)"
+row "4. one object through statuses vs primary-key lookup (latency), cached plans" "$OBJECTS objects" \
+    "$(latency_us "$e")" "$(latency_us "$b")" us time 1.5
+read -r e b <<<"$(tps_pair 1 "$ext" "$base" simple)"
+row "4. one object through statuses vs primary-key lookup (latency), planned anew" "$OBJECTS objects" \
+    "$(latency_us "$e")" "$(latency_us "$b")" us time 1.5
 fi
 
 # --- 7. the clock ---------------------------------------------------------------
@@ -224,13 +239,39 @@ SELECT status_history.report('obj-' || :obj, $statuses[:st], NULL, NULL, 'r1', 0
 base=$(script append_base "\\set obj random(0, $((OBJECTS - 1)))
 \\set st random(1, 5)
 INSERT INTO plain (occurred_at, object_id, status, replica_id) VALUES (clock_timestamp(), 'obj-' || :obj, $statuses[:st], 'r1');")
+# The second baseline: report()'s physical work written by hand, one
+# statement -- a history row with the history's two indexes, and an update of
+# the object's row (pre-created, as status_history.objects has them after the
+# load) -- stamped by the extension's clock (a unique stamp, as report() takes;
+# clock_timestamp() would collide on the primary key with 8 clients).
+# report() runs against it with deduplication off, so that every report
+# appends as the hand-written statement does (with it on, about one random
+# report in five repeats its key's newest row and appends nothing).
+hand=$(script append_hand "\\set obj random(0, $((OBJECTS - 1)))
+\\set st random(1, 5)
+WITH i AS (
+    INSERT INTO hand_history (occurred_at, object_id, status, replica_id)
+    VALUES (status_history.monotonic_now(), 'obj-' || :obj, $statuses[:st], 'r1')
+    RETURNING *)
+UPDATE hand_objects AS o
+   SET occurred_at = i.occurred_at, status = i.status, error = i.error, details = i.details,
+       replica_id = i.replica_id, generation = i.generation, reported_at = i.reported_at,
+       status_since = CASE WHEN o.status = i.status THEN o.status_since ELSE i.occurred_at END
+  FROM i
+ WHERE o.object_id = i.object_id;")
+q "INSERT INTO hand_history SELECT * FROM status_history.history"
+q "INSERT INTO hand_objects SELECT * FROM status_history.objects"
+q "VACUUM ANALYZE hand_history, hand_objects"
+nodedup='-c status_history.deduplicate=off'
 # The cluster runs with synchronous_commit = off, which exposes the CPU cost;
 # with it on (the durable default) each commit also waits for its WAL flush.
 for c in 1 "$CLIENTS"; do
-    read -r e b <<<"$(tps_pair "$c" "$ext" "$base")"
-    row "1. append: report() vs plain INSERT, $c clients, sync off" "tx/s" "$e" "$b" tps rate 0.7
-    read -r e b <<<"$(PGOPTIONS='-c synchronous_commit=on' tps_pair "$c" "$ext" "$base")"
-    row "1. append: report() vs plain INSERT, $c clients, sync on" "tx/s" "$e" "$b" tps rate 0.7
+    for sync in off on; do
+        read -r e b <<<"$(PGOPTIONS="-c synchronous_commit=$sync" tps_pair "$c" "$ext" "$base")"
+        row "1. append: report() vs plain INSERT, $c clients, sync $sync" "tx/s" "$e" "$b" tps rate 0.7
+        read -r e b <<<"$(PGOPTIONS="-c synchronous_commit=$sync $nodedup" tps_pair "$c" "$ext" "$hand")"
+        row "1. append: report() vs the same work by hand (INSERT + UPDATE), $c clients, sync $sync" "tx/s" "$e" "$b" tps rate 1
+    done
 done
 fi
 
@@ -475,4 +516,18 @@ awk -F'\t' '{
 echo
 if want mem; then
     echo "memory: latest() over $OBJECTS objects with work_mem 4MB: backend private memory +$((peak - idle)) kB over idle"
+fi
+
+# --- the chart ------------------------------------------------------------------------
+# The rows are kept beside the chart (bench/chart.sh redraws it from them); no
+# chart (no gnuplot) leaves the figures above as they are.
+rows_tsv=${chart%.png}.tsv
+mkdir -p "$(dirname "$chart")"
+cp "$results" "$rows_tsv"
+echo "results: $rows_tsv"
+if bench/chart.sh "$rows_tsv" "$chart" \
+       "status_history bench: $OBJECTS objects x $PER_OBJECT reports, bulk $BULK, pgbench ${DURATION}s x $RUNS runs, $(date -u +%F)"; then
+    [ ! -e "$chart" ] || echo "chart: $chart"
+else
+    echo "chart: NOT written (see above); the figures are in the table above and in $rows_tsv"
 fi

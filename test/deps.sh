@@ -8,6 +8,7 @@ sh_packages=(
     postgresql-15 postgresql-server-dev-15 postgresql-common postgresql-contrib
     postgresql-15-pgtap libtap-parser-sourcehandler-pgtap-perl libipc-run-perl
     valgrind postgresql-plperl-15 postgresql-15-cron
+    gnuplot-nox     # make bench's chart (bench/chart.sh)
 )
 
 sh_missing=()
