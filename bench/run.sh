@@ -314,7 +314,7 @@ if want 12; then
 nt=()
 nf=()
 # (Which side goes first alternates by round: the table grows with every load.)
-note_on()  { nt+=("$(q "SELECT bench_median_stmt_ms(\$\$INSERT INTO status_history.history (object_id, status)
+note_on()  { nt+=("$(PGOPTIONS='-c status_history.notify=on' q "SELECT bench_median_stmt_ms(\$\$INSERT INTO status_history.history (object_id, status)
             SELECT 'note-$1-' || i, 'running' FROM generate_series(0, $BULK - 1) AS i\$\$, 1)")"); }
 note_off() { nf+=("$(PGOPTIONS='-c status_history.notify=off' q "SELECT bench_median_stmt_ms(\$\$INSERT INTO status_history.history (object_id, status)
             SELECT 'quiet-$1-' || i, 'running' FROM generate_series(0, $BULK - 1) AS i\$\$, 1)")"); }

@@ -169,7 +169,7 @@ SELECT state_mismatches();
 -- Settings made before the library is loaded (a new session) are kept.
 \c
 SET status_history.deduplicate = off;
-SET status_history.notify = off;
+SET status_history.notify = on;
 SELECT status_history.monotonic_now() IS NOT NULL AS loaded;
 SHOW status_history.deduplicate;
 SHOW status_history.notify;

@@ -29,6 +29,7 @@
 #include "executor/spi.h"
 #include "funcapi.h"
 #include "utils/array.h"
+#include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
@@ -53,13 +54,59 @@ _PG_init(void)
 	MarkGUCPrefixReserved("status_history");
 }
 
+/*
+ * Relation OIDs looked up by name, kept until an invalidation may have
+ * changed one (a relation's, or a schema's, or a full reset): every report
+ * asks for several, two catalog lookups each.
+ */
+#define SH_KNOWN_RELATIONS 16
+typedef struct KnownRelation
+{
+	const char *relname;		/* a literal of the caller's */
+	Oid			relid;			/* InvalidOid: none */
+} KnownRelation;
+
+static KnownRelation known[SH_KNOWN_RELATIONS];
+static int	nknown = 0;
+
+static void
+forget_relation_oids(Datum arg, Oid relid)
+{
+	nknown = 0;
+}
+
+static void
+forget_relation_oids_syscache(Datum arg, int cacheid, uint32 hashvalue)
+{
+	nknown = 0;
+}
+
 /* The OID of status_history.<relname>, or InvalidOid (an older version's schema). */
 Oid
 sh_relation_oid_if_exists(const char *relname)
 {
-	Oid			nsp = get_namespace_oid(SH_SCHEMA, true);
+	static bool registered = false;
+	Oid			nsp;
+	Oid			relid;
 
-	return OidIsValid(nsp) ? get_relname_relid(relname, nsp) : InvalidOid;
+	if (!registered)
+	{
+		CacheRegisterRelcacheCallback(forget_relation_oids, (Datum) 0);
+		CacheRegisterSyscacheCallback(NAMESPACEOID, forget_relation_oids_syscache, (Datum) 0);
+		registered = true;
+	}
+	for (int i = 0; i < nknown; i++)
+		if (strcmp(known[i].relname, relname) == 0)
+			return known[i].relid;
+	nsp = get_namespace_oid(SH_SCHEMA, true);
+	relid = OidIsValid(nsp) ? get_relname_relid(relname, nsp) : InvalidOid;
+	/* Only a relation that exists: one created later must be found. */
+	if (OidIsValid(relid) && nknown < SH_KNOWN_RELATIONS)
+	{
+		known[nknown].relname = relname;
+		known[nknown++].relid = relid;
+	}
+	return relid;
 }
 
 /* The OID of status_history.<relname>; errors clearly when it is missing. */

@@ -215,8 +215,8 @@ sh_notify_init(void)
 {
 	DefineCustomBoolVariable("status_history.notify",
 							 "Send NOTIFY status_history when an object's current status changes.",
-							 "Off sends nothing.",
-							 &notify_enabled, true, PGC_USERSET, 0, NULL, NULL, NULL);
+							 "Off (the default) sends nothing: PostgreSQL commits the transactions that notify one at a time.",
+							 &notify_enabled, false, PGC_USERSET, 0, NULL, NULL, NULL);
 	DefineCustomIntVariable("status_history.notify_limit",
 							"Notifications one transaction sends before it coalesces the rest.",
 							"Past it, changes are counted and one {\"overflow\": n} notification is sent at commit.",
