@@ -232,7 +232,8 @@ prepare_plans(void)
 		return;
 	create_plan = sh_prepare_kept(
 								  "INSERT INTO status_history.objects AS o (object_id, fence) VALUES ($1, $2)"
-								  "    ON CONFLICT (object_id) DO NOTHING",
+								  "    ON CONFLICT (object_id) DO NOTHING"
+								  " RETURNING o.fence, o.occurred_at IS NULL",
 								  2, create_types);
 	/*
 	 * The report is copied from its history row, which must be there,
@@ -424,19 +425,36 @@ lock_row(Relation rel, Relation index, Datum object_id, ShObjectState *state)
 	return have;
 }
 
-/* Create the object's row; a concurrent creator's row makes this a no-op. */
-static void
-create_row(Datum object_id, int64 fence)
+/*
+ * Create the object's row; a concurrent creator's row makes this a no-op.
+ * True, with the new row's state, when this call inserted it: a row our
+ * transaction inserted needs no lock (nobody else sees it before we commit,
+ * and a concurrent creator waits for us on the unique index), so the lock's
+ * row version and WAL record are saved on every first report.
+ */
+static bool
+create_row(Datum object_id, int64 fence, ShObjectState *state)
 {
 	Datum		args[2] = {object_id, Int64GetDatum(fence)};
 	ShSavedUser saved;
+	bool		created = false;
+	bool		isnull;
 	int			ret;
 
 	spi_begin(&saved);
 	ret = sh_execute_own(create_plan, args, NULL);
-	if (ret != SPI_OK_INSERT)
+	if (ret != SPI_OK_INSERT_RETURNING)
 		elog(ERROR, "status_history: creating object failed: %s", SPI_result_code_string(ret));
+	/* As inserted: a fence and no report (else read it as any row). */
+	if (SPI_processed == 1 &&
+		DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull)))
+	{
+		memset(state, 0, sizeof(ShObjectState));
+		state->fence = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+		created = true;
+	}
 	spi_end(&saved);
+	return created;
 }
 
 /* Lock the object's row, creating it on first report, and read its state. */
@@ -451,7 +469,8 @@ lock_and_read(Datum object_id, int64 new_fence, ShObjectState *state)
 	{
 		if (attempt > 2)
 			elog(ERROR, "status_history: object row vanished while being locked");
-		create_row(object_id, new_fence);
+		if (create_row(object_id, new_fence, state))
+			break;
 	}
 	index_close(index, NoLock);
 	table_close(rel, NoLock);
