@@ -108,6 +108,7 @@ key_from_slot(TupleTableSlot *slot, const KeyColumns *cols, ShKeyState *key)
 	memset(key, 0, sizeof(ShKeyState));
 	key->replica_id = isnull ? NULL : DatumGetTextPP(replica);
 	key->stored = true;
+	key->tid = slot->tts_tid;
 	key->last_at = stamp_or_zero(slot, cols->last_at, &isnull);
 	key->last_seen_at = stamp_or_zero(slot, cols->last_seen_at, &isnull);
 	key->current_at = stamp_or_zero(slot, cols->occurred_at, &isnull);
@@ -297,6 +298,50 @@ update_one(text *object_id, const ShKeyState *k)
 	if (ret != SPI_OK_UPDATE)
 		elog(ERROR, "status_history: writing back a key failed: %s", SPI_result_code_string(ret));
 	return SPI_processed == 1;
+}
+
+/* A key write by TID: which key, and its state. */
+typedef struct KeyRowWrite
+{
+	text	   *object_id;
+	const ShKeyState *key;
+} KeyRowWrite;
+
+/* sh_rowwrite's modify(): the key's row from its cached state (as update_one). */
+static bool
+key_row(TupleDesc desc, Datum *values, bool *isnull, void *arg)
+{
+	KeyRowWrite *w = (KeyRowWrite *) arg;
+	const ShKeyState *k = w->key;
+	int			seen = SPI_fnumber(desc, "last_seen_at");
+
+	if (seen <= 0 || isnull[seen - 1] ||
+		!sh_row_text_is(desc, values, isnull, "object_id", w->object_id) ||
+		!sh_row_text_is(desc, values, isnull, "replica_id", k->replica_id))
+		return false;
+	/* last_seen_at only grows (a dump's value may be later). */
+	return sh_row_set(desc, values, isnull, "last_at", TimestampTzGetDatum(k->last_at), false) &&
+		sh_row_set(desc, values, isnull, "last_seen_at",
+				   TimestampTzGetDatum(Max(DatumGetTimestampTz(values[seen - 1]), k->last_seen_at)),
+				   false) &&
+		sh_row_set(desc, values, isnull, "occurred_at", TimestampTzGetDatum(k->current_at),
+				   !k->has_current) &&
+		sh_row_set(desc, values, isnull, "status",
+				   k->has_current ? CStringGetTextDatum(k->status) : (Datum) 0, !k->has_current) &&
+		sh_row_set(desc, values, isnull, "status_since", TimestampTzGetDatum(k->status_since),
+				   !k->has_current);
+}
+
+/*
+ * Write one stored key's row by its TID (rowwrite.c), without a statement;
+ * false, having written nothing, when its TID is not known or not its row's.
+ */
+bool
+sh_keys_write_direct(text *object_id, ShKeyState *key)
+{
+	KeyRowWrite w = {object_id, key};
+
+	return sh_rowwrite(sh_relation_oid("replica_state"), &key->tid, key_row, &w);
 }
 
 /* The seven columns of n key writes, as arrays (args[0..6]). */

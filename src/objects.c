@@ -233,7 +233,7 @@ prepare_plans(void)
 	create_plan = sh_prepare_kept(
 								  "INSERT INTO status_history.objects AS o (object_id, fence) VALUES ($1, $2)"
 								  "    ON CONFLICT (object_id) DO NOTHING"
-								  " RETURNING o.fence, o.occurred_at IS NULL",
+								  " RETURNING o.fence, o.occurred_at IS NULL, o.ctid",
 								  2, create_types);
 	/*
 	 * The report is copied from its history row, which must be there,
@@ -410,6 +410,7 @@ lock_row(Relation rel, Relation index, Datum object_id, ShObjectState *state)
 		if (result == TM_Ok)
 		{
 			read_state(locked, &cols, state);
+			state->tid = locked->tts_tid;
 			have = true;
 			break;
 		}
@@ -451,6 +452,7 @@ create_row(Datum object_id, int64 fence, ShObjectState *state)
 	{
 		memset(state, 0, sizeof(ShObjectState));
 		state->fence = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+		state->tid = *(ItemPointer) DatumGetPointer(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3, &isnull));
 		created = true;
 	}
 	spi_end(&saved);
@@ -840,11 +842,38 @@ write_from_copy(CachedObject *entry)
 	return true;
 }
 
+/* sh_rowwrite's modify(): the object's row from the copy of its report. */
+static bool
+object_from_copy(TupleDesc desc, Datum *values, bool *isnull, void *arg)
+{
+	static const char *const report_cols[6] = {"status", "error", "details", "replica_id",
+	"generation", "reported_at"};
+	CachedObject *entry = (CachedObject *) arg;
+	int			fence = SPI_fnumber(desc, "fence");
+	bool		ok;
+
+	if (fence <= 0 || isnull[fence - 1] ||
+		!sh_row_text_is(desc, values, isnull, "object_id", entry->key))
+		return false;
+	/* The fence only grows, as int8larger() in the statements. */
+	ok = sh_row_set(desc, values, isnull, "fence",
+					Int64GetDatum(Max(DatumGetInt64(values[fence - 1]), entry->state.fence)), false) &&
+		sh_row_set(desc, values, isnull, "occurred_at", TimestampTzGetDatum(last_stamp), false) &&
+		sh_row_set(desc, values, isnull, "status_since",
+				   TimestampTzGetDatum(entry->state.status_since), false);
+	for (int i = 0; ok && i < 6; i++)
+		ok = sh_row_set(desc, values, isnull, report_cols[i],
+						last_report.values[i], last_report.nulls[i]);
+	return ok;
+}
+
 /*
  * The one-report statement (a report() call): the object's row from the
- * copy and its one dirty, stored key in a single statement, instead of two.
- * False, having written nothing or what the caller writes again to the same
- * values, when the entry is not that simple or a row was not there.
+ * copy and its one dirty, stored key.  Written directly by TID when the
+ * rows' TIDs are known (rowwrite.c); else in a single statement (a
+ * data-modifying CTE) instead of two.  False, having written nothing or
+ * what the caller writes again to the same values, when the entry is not
+ * that simple or a row was not there.
  */
 static bool
 write_object_and_key(CachedObject *entry)
@@ -868,26 +897,40 @@ write_object_and_key(CachedObject *entry)
 		}
 	if (key == NULL || !key->stored)
 		return false;
-	which = key->replica_id == NULL ? 0 : 1;
-	if (plans[which] == NULL)
+	if (sh_rowwrite(sh_relation_oid("objects"), &entry->state.tid, object_from_copy, entry))
 	{
-		Oid			types[17] = {TEXTOID, TIMESTAMPTZOID, TEXTOID, TEXTOID, JSONBOID,
-			TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT8OID,
-			TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID, TEXTOID, TIMESTAMPTZOID};
-
-		plans[which] = sh_prepare_kept(psprintf("WITH o AS (" WRITE_VALUES " RETURNING 1) %s"
-												" RETURNING (SELECT pg_catalog.count(*) FROM o)",
-												sh_keys_update_sql(11, which == 0)),
-									   17, types);
+		if (!sh_keys_write_direct(entry->key, key))
+		{
+			sh_keys_write(&entry->key, &key, 1);
+			ItemPointerSetInvalid(&key->tid);
+		}
+		CommandCounterIncrement();	/* as after a statement */
 	}
-	copy_params(entry, args, nulls);
-	sh_keys_params(entry->key, key, args + 10, nulls + 10);
-	ret = sh_execute_own(plans[which], args, nulls);
-	if (ret != SPI_OK_UPDATE_RETURNING)
-		elog(ERROR, "status_history: writing back an object failed: %s", SPI_result_code_string(ret));
-	if (SPI_processed != 1 ||
-		DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)) != 1)
-		return false;
+	else
+	{
+		which = key->replica_id == NULL ? 0 : 1;
+		if (plans[which] == NULL)
+		{
+			Oid			types[17] = {TEXTOID, TIMESTAMPTZOID, TEXTOID, TEXTOID, JSONBOID,
+				TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT8OID,
+				TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID, TEXTOID, TIMESTAMPTZOID};
+
+			plans[which] = sh_prepare_kept(psprintf("WITH o AS (" WRITE_VALUES " RETURNING 1) %s"
+													" RETURNING (SELECT pg_catalog.count(*) FROM o)",
+													sh_keys_update_sql(11, which == 0)),
+										   17, types);
+		}
+		copy_params(entry, args, nulls);
+		sh_keys_params(entry->key, key, args + 10, nulls + 10);
+		ret = sh_execute_own(plans[which], args, nulls);
+		if (ret != SPI_OK_UPDATE_RETURNING)
+			elog(ERROR, "status_history: writing back an object failed: %s", SPI_result_code_string(ret));
+		ItemPointerSetInvalid(&entry->state.tid);	/* the statement moved the rows */
+		ItemPointerSetInvalid(&key->tid);
+		if (SPI_processed != 1 ||
+			DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)) != 1)
+			return false;
+	}
 	entry->state.pending = 0;
 	entry->fence_dirty = false;
 	key->dirty = false;
@@ -990,7 +1033,13 @@ write_keys(CachedObject **batch, int n)
 	}
 	if (m == 0)
 		return;
-	sh_keys_write(ids, keys, m);
+	/* One stored key (a repeat's sighting): by TID when known. */
+	if (!(m == 1 && keys[0]->stored && sh_keys_write_direct(ids[0], keys[0])))
+	{
+		sh_keys_write(ids, keys, m);
+		for (int i = 0; i < m; i++)
+			ItemPointerSetInvalid(&keys[i]->tid);
+	}
 	for (int i = 0; i < m; i++)
 	{
 		keys[i]->dirty = false;
@@ -1081,6 +1130,11 @@ write_batch(CachedObject **batch, int n)
 	write_objects(objects, m);		/* (writes the fence too) */
 	notify_changes(objects, m);
 	write_fences(fences, f);
+	/* The statements moved these rows: their TIDs are no longer known. */
+	for (int i = 0; i < m; i++)
+		ItemPointerSetInvalid(&objects[i]->state.tid);
+	for (int i = 0; i < f; i++)
+		ItemPointerSetInvalid(&fences[i]->state.tid);
 	for (int i = 0; i < n; i++)
 		batch[i]->fence_dirty = false;
 	pfree(objects);

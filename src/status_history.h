@@ -4,6 +4,7 @@
  * module.c   loading, running SPI as the extension owner, kept SPI plans
  * clock.c    the monotonic clock (monotonic_now)
  * objects.c  per-object state: locking, the write-back cache and its undo log
+ * rowwrite.c writing one object's or key's row by its TID, without a statement
  * keys.c     per-key state (object_id, replica_id): reading, writing back, recomputing
  * fence.c    generation floors and reconnect()
  * retire.c   retire_replica(): a replica gone for good
@@ -68,6 +69,7 @@ typedef struct ShObjectState
 	/* The status as last written (or read): what a change is measured against. */
 	bool		has_written;
 	char		written[16];
+	ItemPointerData tid;		/* its row's newest version, if known (a hint) */
 } ShObjectState;
 
 /*
@@ -85,6 +87,7 @@ typedef struct ShKeyState
 	TimestampTz current_at;		/* stamp of its newest non-stale report */
 	TimestampTz status_since;	/* start of that report's run of its status */
 	char		status[16];
+	ItemPointerData tid;		/* its row's newest version, if known (a hint) */
 } ShKeyState;
 
 extern void sh_objects_init(void);
@@ -113,6 +116,13 @@ extern int	sh_execute_own(SPIPlanPtr plan, Datum *args, const char *nulls);
 extern bool sh_own_write(void);
 extern void sh_objects_invalidate(void);
 
+/* rowwrite.c */
+typedef bool (*ShRowModify) (TupleDesc desc, Datum *values, bool *isnull, void *arg);
+extern bool sh_rowwrite(Oid relid, ItemPointer tid, ShRowModify modify, void *arg);
+extern bool sh_row_text_is(TupleDesc desc, Datum *values, bool *isnull, const char *name, text *t);
+extern bool sh_row_set(TupleDesc desc, Datum *values, bool *isnull, const char *name,
+					   Datum value, bool null);
+
 /* keys.c */
 extern bool sh_keys_enabled(void);
 extern void sh_keys_read(Datum object_id, ShKeyState *key);
@@ -121,6 +131,7 @@ extern void sh_keys_read_many(Datum *object_ids, int n, text *replica_id, bool e
 							  ShKeyFound found, void *arg);
 extern void sh_keys_params(text *object_id, const ShKeyState *k, Datum *values, char *nulls);
 extern char *sh_keys_update_sql(int first, bool null_replica);
+extern bool sh_keys_write_direct(text *object_id, ShKeyState *key);
 extern void sh_keys_write(text **object_ids, ShKeyState **keys, int n);
 extern void sh_keys_recompute(text *object_id, ShKeyState *cached, int ncached);
 
