@@ -333,15 +333,41 @@ key_row(TupleDesc desc, Datum *values, bool *isnull, void *arg)
 }
 
 /*
- * Write one stored key's row by its TID (rowwrite.c), without a statement;
- * false, having written nothing, when its TID is not known or not its row's.
+ * Write the stored keys whose row's TID is known by that TID (rowwrite.c),
+ * without a statement; the others are moved to the front (by swapping).
+ * Returns how many are left for the statements.
  */
-bool
-sh_keys_write_direct(text *object_id, ShKeyState *key)
+static int
+write_keys_direct(text **object_ids, ShKeyState **keys, int n)
 {
-	KeyRowWrite w = {object_id, key};
+	ShRowWriter *w = NULL;
+	int			rest = 0;
 
-	return sh_rowwrite(sh_relation_oid("replica_state"), &key->tid, key_row, &w);
+	for (int i = 0; i < n; i++)
+	{
+		KeyRowWrite kw = {object_ids[i], keys[i]};
+
+		if (keys[i]->stored && ItemPointerIsValid(&keys[i]->tid))
+		{
+			if (w == NULL)
+				w = sh_rowwriter_begin(sh_relation_oid("replica_state"));
+			if (sh_rowwriter_update(w, &keys[i]->tid, key_row, &kw))
+				continue;
+		}
+		/* Swapped, not overwritten: the caller's arrays keep every key. */
+		{
+			text	   *id = object_ids[rest];
+			ShKeyState *k = keys[rest];
+
+			object_ids[rest] = object_ids[i];
+			keys[rest++] = keys[i];
+			object_ids[i] = id;
+			keys[i] = k;
+		}
+	}
+	if (w != NULL)
+		sh_rowwriter_end(w);
+	return rest;
 }
 
 /* The seven columns of n key writes, as arrays (args[0..6]). */
@@ -413,6 +439,12 @@ sh_keys_write(text **object_ids, ShKeyState **keys, int n)
 	int			stored = 0;
 	int			fresh;
 
+	n = write_keys_direct(object_ids, keys, n);
+	if (n == 0)
+		return;
+	/* The statements move the rows: their TIDs are no longer known. */
+	for (int i = 0; i < n; i++)
+		ItemPointerSetInvalid(&keys[i]->tid);
 	if (n == 1 && keys[0]->stored && update_one(object_ids[0], keys[0]))
 		return;
 	ids = palloc(n * sizeof(text *));

@@ -899,11 +899,7 @@ write_object_and_key(CachedObject *entry)
 		return false;
 	if (sh_rowwrite(sh_relation_oid("objects"), &entry->state.tid, object_from_copy, entry))
 	{
-		if (!sh_keys_write_direct(entry->key, key))
-		{
-			sh_keys_write(&entry->key, &key, 1);
-			ItemPointerSetInvalid(&key->tid);
-		}
+		sh_keys_write(&entry->key, &key, 1);	/* by TID too, when known */
 		CommandCounterIncrement();	/* as after a statement */
 	}
 	else
@@ -1033,13 +1029,7 @@ write_keys(CachedObject **batch, int n)
 	}
 	if (m == 0)
 		return;
-	/* One stored key (a repeat's sighting): by TID when known. */
-	if (!(m == 1 && keys[0]->stored && sh_keys_write_direct(ids[0], keys[0])))
-	{
-		sh_keys_write(ids, keys, m);
-		for (int i = 0; i < m; i++)
-			ItemPointerSetInvalid(&keys[i]->tid);
-	}
+	sh_keys_write(ids, keys, m);	/* reorders ids and keys */
 	for (int i = 0; i < m; i++)
 	{
 		keys[i]->dirty = false;
@@ -1130,9 +1120,7 @@ write_batch(CachedObject **batch, int n)
 	write_objects(objects, m);		/* (writes the fence too) */
 	notify_changes(objects, m);
 	write_fences(fences, f);
-	/* The statements moved these rows: their TIDs are no longer known. */
-	for (int i = 0; i < m; i++)
-		ItemPointerSetInvalid(&objects[i]->state.tid);
+	/* The statement moved these rows: their TIDs are no longer known. */
 	for (int i = 0; i < f; i++)
 		ItemPointerSetInvalid(&fences[i]->state.tid);
 	for (int i = 0; i < n; i++)
@@ -1140,6 +1128,109 @@ write_batch(CachedObject **batch, int n)
 	pfree(objects);
 	pfree(fences);
 	write_keys(batch, n);
+}
+
+/* A report found by stamp, and the entry whose row it goes to. */
+typedef struct ReportCopy
+{
+	CachedObject *entry;
+	TupleTableSlot *report;
+} ReportCopy;
+
+/* sh_rowwrite's modify(): the object's row from its report's history row. */
+static bool
+object_from_report(TupleDesc desc, Datum *values, bool *isnull, void *arg)
+{
+	static const char *const report_cols[7] = {"occurred_at", "status", "error", "details",
+	"replica_id", "generation", "reported_at"};
+	ReportCopy *c = (ReportCopy *) arg;
+	TupleDesc	hdesc = c->report->tts_tupleDescriptor;
+	int			fence = SPI_fnumber(desc, "fence");
+	bool		ok;
+
+	if (fence <= 0 || isnull[fence - 1] ||
+		!sh_row_text_is(desc, values, isnull, "object_id", c->entry->key))
+		return false;
+	ok = sh_row_set(desc, values, isnull, "fence",
+					Int64GetDatum(Max(DatumGetInt64(values[fence - 1]), c->entry->state.fence)), false) &&
+		sh_row_set(desc, values, isnull, "status_since",
+				   TimestampTzGetDatum(c->entry->state.status_since), false);
+	for (int i = 0; ok && i < 7; i++)
+	{
+		int			att = SPI_fnumber(hdesc, report_cols[i]);
+		bool		null;
+		Datum		d;
+
+		if (att <= 0)
+			return false;
+		d = slot_getattr(c->report, att, &null);
+		ok = sh_row_set(desc, values, isnull, report_cols[i], d, null);
+	}
+	return ok;
+}
+
+/* Is the history row in slot the entry's current report (its object's, not stale)? */
+static bool
+is_current_report(TupleTableSlot *slot, CachedObject *entry)
+{
+	TupleDesc	desc = slot->tts_tupleDescriptor;
+	int			id = SPI_fnumber(desc, "object_id");
+	int			stale = SPI_fnumber(desc, "stale");
+	bool		null;
+	text	   *t;
+
+	if (id <= 0 || stale <= 0)
+		return false;
+	t = DatumGetTextPP(slot_getattr(slot, id, &null));
+	if (null || sh_text_key_match(&t, &entry->key, 0) != 0)
+		return false;
+	return !DatumGetBool(slot_getattr(slot, stale, &null)) && !null;
+}
+
+/*
+ * Write entries whose row's TID is known by that TID, each from its current
+ * report's history row (found by stamp), without a statement (rowwrite.c).
+ * Only for entries none of whose pending reports can have been skipped.
+ * The others are moved to the front (by swapping); returns how many.
+ */
+static int
+write_direct(CachedObject **entries, int n)
+{
+	Relation	history = NULL;
+	TupleTableSlot *report = NULL;
+	ShRowWriter *w = NULL;
+	int			rest = 0;
+
+	for (int i = 0; i < n; i++)
+	{
+		CachedObject *e = entries[i];
+		ReportCopy	copy = {e, NULL};
+
+		if (ItemPointerIsValid(&e->state.tid) && !e->state.pending_may_skip && e->state.has_current)
+		{
+			if (w == NULL)
+			{
+				CommandCounterIncrement();	/* this statement's reports must be visible */
+				history = table_open(sh_relation_oid("history"), AccessShareLock);
+				report = table_slot_create(history, NULL);
+				w = sh_rowwriter_begin(sh_relation_oid("objects"));
+			}
+			copy.report = report;
+			if (sh_history_find_stamp(history, e->state.current_at, report) &&
+				is_current_report(report, e) &&
+				sh_rowwriter_update(w, &e->state.tid, object_from_report, &copy))
+				continue;
+		}
+		entries[i] = entries[rest];
+		entries[rest++] = e;
+	}
+	if (w != NULL)
+	{
+		sh_rowwriter_end(w);
+		ExecDropSingleTupleTableSlot(report);
+		table_close(history, AccessShareLock);
+	}
+	return rest;
 }
 
 /* Write the per-object rows of a batch of entries. */
@@ -1156,22 +1247,26 @@ write_objects(CachedObject **batch, int n)
 			recompute(batch[i]);
 			batch[i]->recompute = false;
 			batch[i]->state.pending = 0;
+			ItemPointerSetInvalid(&batch[i]->state.tid);
 		}
 		else
 			batch[plain++] = batch[i];
 	}
-	if (plain == 1)
+	if (plain == 1 && write_direct(batch, 1) > 0)
 	{
 		if (!write_from_copy(batch[0]) && !write_one(batch[0]))
 			recompute(batch[0]);
+		ItemPointerSetInvalid(&batch[0]->state.tid);
 	}
 	else if (plain > 1)
 	{
 		/*
 		 * Entries none of whose pending reports can have been skipped need
-		 * not count them (the costly part of a bulk write-back).
+		 * not count them (the costly part of a bulk write-back), and those
+		 * whose row's TID is known are written by it.
 		 */
 		int			checked = 0;
+		int			trusted;
 
 		for (int i = 0; i < plain; i++)
 			if (batch[i]->state.pending_may_skip)
@@ -1181,14 +1276,18 @@ write_objects(CachedObject **batch, int n)
 				batch[checked++] = batch[i];
 				batch[i] = t;
 			}
+		trusted = write_direct(batch + checked, plain - checked);
 		if ((checked > 0 && !write_many(batch, checked, write_many_plan)) ||
-			(plain > checked && !write_many(batch + checked, plain - checked, write_trusted_plan)))
+			(trusted > 0 && !write_many(batch + checked, trusted, write_trusted_plan)))
 		{
 			/* Some report is not in the history as cached: find which. */
 			for (int i = 0; i < plain; i++)
 				if (!write_one(batch[i]))
 					recompute(batch[i]);
+			trusted = plain - checked;	/* (all moved) */
 		}
+		for (int i = 0; i < checked + trusted; i++)
+			ItemPointerSetInvalid(&batch[i]->state.tid);
 	}
 	for (int i = 0; i < plain; i++)
 		batch[i]->state.pending = 0;

@@ -30,73 +30,107 @@
 
 #include "status_history.h"
 
-/* Write the new version in slot over the one in old, as an UPDATE would. */
-static void
-update_row(Relation rel, TupleTableSlot *old, TupleTableSlot *slot)
+/* An open relation and the executor state its updates share. */
+struct ShRowWriter
 {
-	EState	   *estate = CreateExecutorState();
-	RangeTblEntry *rte = makeNode(RangeTblEntry);
-	ResultRelInfo *rri = makeNode(ResultRelInfo);
+	Relation	rel;
+	EState	   *estate;
+	ResultRelInfo *rri;
 	EPQState	epq;
+	TupleTableSlot *old;
+	TupleTableSlot *slot;
+};
 
+/*
+ * Open relid for updates by TID: the executor state an UPDATE statement
+ * would build, once for every row written until sh_rowwriter_end().
+ */
+ShRowWriter *
+sh_rowwriter_begin(Oid relid)
+{
+	ShRowWriter *w = palloc0(sizeof(ShRowWriter));
+	RangeTblEntry *rte = makeNode(RangeTblEntry);
+
+	w->rel = table_open(relid, RowExclusiveLock);
+	w->estate = CreateExecutorState();
 	rte->rtekind = RTE_RELATION;
-	rte->relid = RelationGetRelid(rel);
-	rte->relkind = rel->rd_rel->relkind;
+	rte->relid = relid;
+	rte->relkind = w->rel->rd_rel->relkind;
 	rte->rellockmode = RowExclusiveLock;
-	ExecInitRangeTable(estate, list_make1(rte));
-	InitResultRelInfo(rri, rel, 1, NULL, 0);
-	estate->es_opened_result_relations = lappend(estate->es_opened_result_relations, rri);
-	estate->es_output_cid = GetCurrentCommandId(true);
-	ExecOpenIndices(rri, false);
-	EvalPlanQualInit(&epq, estate, NULL, NIL, -1);
+	ExecInitRangeTable(w->estate, list_make1(rte));
+	w->rri = makeNode(ResultRelInfo);
+	InitResultRelInfo(w->rri, w->rel, 1, NULL, 0);
+	w->estate->es_opened_result_relations = lappend(w->estate->es_opened_result_relations, w->rri);
+	w->estate->es_output_cid = GetCurrentCommandId(true);
+	ExecOpenIndices(w->rri, false);
+	EvalPlanQualInit(&w->epq, w->estate, NULL, NIL, -1);
+	w->old = table_slot_create(w->rel, NULL);
+	w->slot = table_slot_create(w->rel, NULL);
+	return w;
+}
 
-	ExecSimpleRelationUpdate(rri, estate, &epq, old, slot);
-
-	EvalPlanQualEnd(&epq);
-	ExecCloseIndices(rri);
-	ExecResetTupleTable(estate->es_tupleTable, false);
-	FreeExecutorState(estate);
+void
+sh_rowwriter_end(ShRowWriter *w)
+{
+	ExecDropSingleTupleTableSlot(w->old);
+	ExecDropSingleTupleTableSlot(w->slot);
+	EvalPlanQualEnd(&w->epq);
+	ExecCloseIndices(w->rri);
+	ExecResetTupleTable(w->estate->es_tupleTable, false);
+	FreeExecutorState(w->estate);
+	table_close(w->rel, NoLock);
+	pfree(w);
 }
 
 /*
- * Update the row of relid at *tid: modify() checks that it is the row meant
- * and changes its columns (values and nulls of the whole row, as read).  On
+ * Update the row at *tid: modify() checks that it is the row meant and
+ * changes its columns (values and nulls of the whole row, as read).  On
  * success *tid is the new version's.  False, having written nothing, when
  * the row at *tid is not the newest version visible to us or modify() says
  * it is not the one.
  */
 bool
+sh_rowwriter_update(ShRowWriter *w, ItemPointer tid, ShRowModify modify, void *arg)
+{
+	TupleDesc	desc = RelationGetDescr(w->rel);
+	MemoryContext old_cxt;
+	bool		done = false;
+
+	if (!ItemPointerIsValid(tid) ||
+		!table_tuple_fetch_row_version(w->rel, tid, SnapshotSelf, w->old))
+		return false;
+	/* What this row allocates goes with it. */
+	ResetPerTupleExprContext(w->estate);
+	old_cxt = MemoryContextSwitchTo(GetPerTupleMemoryContext(w->estate));
+	slot_getallattrs(w->old);
+	ExecClearTuple(w->slot);
+	memcpy(w->slot->tts_values, w->old->tts_values, desc->natts * sizeof(Datum));
+	memcpy(w->slot->tts_isnull, w->old->tts_isnull, desc->natts * sizeof(bool));
+	if (modify(desc, w->slot->tts_values, w->slot->tts_isnull, arg))
+	{
+		ExecStoreVirtualTuple(w->slot);
+		ExecSimpleRelationUpdate(w->rri, w->estate, &w->epq, w->old, w->slot);
+		*tid = w->slot->tts_tid;
+		done = true;
+	}
+	MemoryContextSwitchTo(old_cxt);
+	ExecClearTuple(w->old);
+	ExecClearTuple(w->slot);
+	return done;
+}
+
+/* One row: sh_rowwriter_update() between begin and end. */
+bool
 sh_rowwrite(Oid relid, ItemPointer tid, ShRowModify modify, void *arg)
 {
-	Relation	rel;
-	TupleTableSlot *old;
-	TupleTableSlot *slot;
-	TupleDesc	desc;
-	bool		done = false;
+	ShRowWriter *w;
+	bool		done;
 
 	if (!ItemPointerIsValid(tid))
 		return false;
-	rel = table_open(relid, RowExclusiveLock);
-	desc = RelationGetDescr(rel);
-	old = table_slot_create(rel, NULL);
-	slot = table_slot_create(rel, NULL);
-	if (table_tuple_fetch_row_version(rel, tid, SnapshotSelf, old))
-	{
-		slot_getallattrs(old);
-		ExecClearTuple(slot);
-		memcpy(slot->tts_values, old->tts_values, desc->natts * sizeof(Datum));
-		memcpy(slot->tts_isnull, old->tts_isnull, desc->natts * sizeof(bool));
-		if (modify(desc, slot->tts_values, slot->tts_isnull, arg))
-		{
-			ExecStoreVirtualTuple(slot);
-			update_row(rel, old, slot);
-			*tid = slot->tts_tid;
-			done = true;
-		}
-	}
-	ExecDropSingleTupleTableSlot(old);
-	ExecDropSingleTupleTableSlot(slot);
-	table_close(rel, NoLock);
+	w = sh_rowwriter_begin(relid);
+	done = sh_rowwriter_update(w, tid, modify, arg);
+	sh_rowwriter_end(w);
 	return done;
 }
 

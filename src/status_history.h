@@ -118,6 +118,10 @@ extern void sh_objects_invalidate(void);
 
 /* rowwrite.c */
 typedef bool (*ShRowModify) (TupleDesc desc, Datum *values, bool *isnull, void *arg);
+typedef struct ShRowWriter ShRowWriter;
+extern ShRowWriter *sh_rowwriter_begin(Oid relid);
+extern bool sh_rowwriter_update(ShRowWriter *w, ItemPointer tid, ShRowModify modify, void *arg);
+extern void sh_rowwriter_end(ShRowWriter *w);
 extern bool sh_rowwrite(Oid relid, ItemPointer tid, ShRowModify modify, void *arg);
 extern bool sh_row_text_is(TupleDesc desc, Datum *values, bool *isnull, const char *name, text *t);
 extern bool sh_row_set(TupleDesc desc, Datum *values, bool *isnull, const char *name,
@@ -131,7 +135,6 @@ extern void sh_keys_read_many(Datum *object_ids, int n, text *replica_id, bool e
 							  ShKeyFound found, void *arg);
 extern void sh_keys_params(text *object_id, const ShKeyState *k, Datum *values, char *nulls);
 extern char *sh_keys_update_sql(int first, bool null_replica);
-extern bool sh_keys_write_direct(text *object_id, ShKeyState *key);
 extern void sh_keys_write(text **object_ids, ShKeyState **keys, int n);
 extern void sh_keys_recompute(text *object_id, ShKeyState *cached, int ncached);
 
