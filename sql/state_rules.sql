@@ -197,6 +197,48 @@ SELECT status, stale FROM status_history.history WHERE object_id = 'c1' ORDER BY
 DROP INDEX status_history.history_idempotency;
 SELECT state_mismatches() AS after_skipped_drop;
 
+-- A user's BEFORE trigger that reports on another object while the outer row
+-- is still in flight (not stored yet): both objects' state stays right.
+CREATE FUNCTION nest_report() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.object_id = 'nx' THEN
+        PERFORM status_history.report('ny', NEW.status, generation => NEW.generation);
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER zz_nest BEFORE INSERT ON status_history.history FOR EACH ROW EXECUTE FUNCTION nest_report();
+SELECT status FROM status_history.report('nx', 'running', replica_id => 'r1', generation => 100);
+SELECT state_mismatches() AS after_nested_report;
+SELECT status FROM status_history.report('nx', 'stalled', replica_id => 'r1', generation => 100);
+SELECT object_id, status FROM status_history.statuses WHERE object_id IN ('nx', 'ny') ORDER BY 1;
+SELECT state_mismatches() AS after_second_nested_report;
+DROP TRIGGER zz_nest ON status_history.history;
+
+-- A report a user's later trigger skips (RETURN NULL) was not stored:
+-- report() returns NULL for it, report_many() only the rows stored.
+CREATE FUNCTION skip_report() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN CASE WHEN NEW.object_id LIKE 'skip%' THEN NULL ELSE NEW END;
+END $$;
+CREATE TRIGGER zz_skip BEFORE INSERT ON status_history.history FOR EACH ROW EXECUTE FUNCTION skip_report();
+SELECT r IS NULL AS skipped FROM status_history.report('skip1', 'running', generation => 100) AS r;
+SELECT object_id, status FROM status_history.report_many(ARRAY['skip2', 'kept2', 'skip3'],
+       ARRAY['running', 'running', 'stalled'], generations => ARRAY[100, 100, 100]::bigint[]);
+SELECT count(*) AS skipped_rows FROM status_history.history WHERE object_id LIKE 'skip%';
+SELECT state_mismatches() AS after_skipped_reports;
+DROP TRIGGER zz_skip ON status_history.history;
+
+-- A row skipped by ON CONFLICT DO NOTHING on an exclusion constraint does not
+-- become current.
+ALTER TABLE status_history.history ADD CONSTRAINT one_error EXCLUDE USING btree (error WITH =);
+SELECT status FROM status_history.report('ex', 'running', error => 'e1', replica_id => 'r1', generation => 100);
+SELECT status FROM status_history.report('ex', 'running', replica_id => 'r1', generation => 100);
+INSERT INTO status_history.history (object_id, status, error, replica_id, generation)
+VALUES ('ex', 'stalled', 'e1', 'r1', 100) ON CONFLICT DO NOTHING;
+SELECT object_id, status, error FROM status_history.statuses WHERE object_id = 'ex';
+SELECT state_mismatches() AS after_exclusion_skip;
+ALTER TABLE status_history.history DROP CONSTRAINT one_error;
+
 -- DROP and CREATE EXTENSION inside one transaction: nothing cached survives.
 SELECT count(*) FROM status_history.reconnect(70, NULL, ARRAY['dc']);
 BEGIN;
@@ -211,7 +253,7 @@ SELECT state_mismatches() AS after_recreate;
 
 DROP TABLE replicas;
 DROP FUNCTION validate_replica(), known_replica(text);
-DROP FUNCTION state_mismatches(), try_jsonb(text), nested_fail(text), limited_insert();
+DROP FUNCTION state_mismatches(), try_jsonb(text), nested_fail(text), limited_insert(), nest_report(), skip_report();
 DROP EXTENSION status_history;
 DROP EXTENSION plperl;
 DROP ROLE sh_reporter;

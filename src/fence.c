@@ -516,7 +516,12 @@ scope_ids(Datum replica_id, bool replica_null, Datum **ids)
 	return n;
 }
 
-/* Lock one object with a blocking wait, then let it go: the holder is done. */
+/*
+ * Lock one object with a blocking wait, then let it go: the holder is done.
+ * An error while waiting (lock_timeout, a cancel, a deadlock) closes the
+ * subtransaction before it goes on: else a caller's exception block would
+ * close the wrong one and leave the session inside this transaction.
+ */
 static void
 wait_for_object(Datum object_id)
 {
@@ -525,7 +530,23 @@ wait_for_object(Datum object_id)
 
 	BeginInternalSubTransaction(NULL);
 	MemoryContextSwitchTo(cxt);
-	sh_objects_lock(object_id, sh_fence_new_object());
+	PG_TRY();
+	{
+		sh_objects_lock(object_id, sh_fence_new_object());
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(cxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(cxt);
+		CurrentResourceOwner = owner;
+		ReThrowError(edata);
+	}
+	PG_END_TRY();
 	RollbackAndReleaseCurrentSubTransaction();
 	MemoryContextSwitchTo(cxt);
 	CurrentResourceOwner = owner;

@@ -15,6 +15,7 @@
  */
 #include "postgres.h"
 
+#include "access/table.h"
 #include "access/htup_details.h"
 #include "access/tableam.h"
 #include "access/relscan.h"
@@ -298,39 +299,87 @@ sh_history_init(void)
  * history, a privilege a reporter does not need otherwise.
  */
 static Tuplestorestate *capture = NULL;
+static uint64 captured_new = 0;	/* of which rows to be inserted (not repeats) */
 
 static void
-capture_row(HeapTuple tuple)
+capture_row(HeapTuple tuple, bool is_new)
 {
 	if (capture != NULL)
+	{
 		tuplestore_puttuple(capture, tuple);
+		captured_new += is_new;
+	}
 }
 
-/* Run an INSERT of ours, collecting the rows it stores into store. */
-static void
+/*
+ * The captured rows that are in the history: a row a later trigger of the
+ * user's skipped (RETURN NULL, ON CONFLICT DO NOTHING) was captured before
+ * it was dropped.  A rare path: one probe by stamp per row.
+ */
+static Tuplestorestate *
+keep_stored(Tuplestorestate *store, TupleDesc desc)
+{
+	Tuplestorestate *kept = tuplestore_begin_heap(false, false, work_mem);
+	Relation	history = table_open(sh_relation_oid("history"), AccessShareLock);
+	TupleTableSlot *row = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
+	TupleTableSlot *found = table_slot_create(history, NULL);
+	int			stamp = SPI_fnumber(desc, "occurred_at");
+
+	if (stamp <= 0)
+		elog(ERROR, "status_history: the history has no occurred_at column");
+	CommandCounterIncrement();	/* our rows of the INSERT just run */
+	tuplestore_rescan(store);
+	while (tuplestore_gettupleslot(store, true, false, row))
+	{
+		bool		isnull;
+		Datum		at = slot_getattr(row, stamp, &isnull);
+
+		if (!isnull && sh_history_find_stamp(history, DatumGetTimestampTz(at), found))
+			tuplestore_puttupleslot(kept, row);
+	}
+	ExecDropSingleTupleTableSlot(found);
+	ExecDropSingleTupleTableSlot(row);
+	table_close(history, AccessShareLock);
+	tuplestore_end(store);
+	return kept;
+}
+
+/*
+ * Run an INSERT of ours, collecting the rows it stores (or, for a repeat,
+ * the row it repeats) into store.  True when a row was skipped after it was
+ * captured: then keep_stored() must filter store (outside SPI, in store's
+ * memory context).
+ */
+static bool
 execute_capturing(SPIPlanPtr plan, Datum *args, const char *nulls, Tuplestorestate *store)
 {
 	Tuplestorestate *outer = capture;
+	uint64		outer_new = captured_new;
+	uint64		inserted_new;
 	int			ret;
 
 	capture = store;
+	captured_new = 0;
 	PG_TRY();
 	{
 		ret = SPI_execute_plan(plan, args, nulls, false, 0);
 	}
 	PG_FINALLY();
 	{
+		inserted_new = captured_new;
 		capture = outer;
+		captured_new = outer_new;
 	}
 	PG_END_TRY();
 	if (ret != SPI_OK_INSERT)
 		elog(ERROR, "status_history: inserting reports failed: %s", SPI_result_code_string(ret));
+	return SPI_processed < inserted_new;
 }
 
 /*
  * Can a row be skipped after this trigger stamped it: is there another
- * BEFORE ROW INSERT trigger (it may return NULL) or another unique index (ON
- * CONFLICT DO NOTHING may skip on it)?  Imported stamps may also conflict
+ * BEFORE ROW INSERT trigger (it may return NULL) or another unique or
+ * exclusion index (ON CONFLICT DO NOTHING may skip on it)?  Imported stamps may also conflict
  * with the primary key.  Cached per relation until its relcache entry goes.
  */
 static Oid	skip_relid = InvalidOid;
@@ -363,7 +412,8 @@ rows_may_skip(Relation rel)
 		{
 			Form_pg_index index = (Form_pg_index) GETSTRUCT(tup);
 
-			may |= index->indisunique && !index->indisprimary;
+			/* ON CONFLICT DO NOTHING arbitrates on unique and exclusion indexes alike. */
+			may |= (index->indisunique && !index->indisprimary) || index->indisexclusion;
 			ReleaseSysCache(tup);
 		}
 	}
@@ -533,7 +583,7 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 			{
 				/* No row: the key was seen (report() returns the row repeated). */
 				sh_objects_key_seen(state, key, stamp);
-				capture_row(repeated);
+				capture_row(repeated, false);
 				return PointerGetDatum(NULL);
 			}
 		}
@@ -568,7 +618,7 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 	{
 		HeapTuple	stored = heap_form_tuple(desc, values, nulls);
 
-		capture_row(stored);
+		capture_row(stored, true);
 		return PointerGetDatum(stored);
 	}
 }
@@ -590,7 +640,7 @@ status_history_statement_trigger(PG_FUNCTION_ARGS)
 				 errmsg("history_statement_trigger: must be fired for each statement on insert")));
 
 	if (TRIGGER_FIRED_AFTER(trigdata->tg_event))
-		sh_objects_flush(true);
+		sh_objects_statement_end();
 	return PointerGetDatum(NULL);
 }
 
@@ -637,6 +687,7 @@ status_history_report(PG_FUNCTION_ARGS)
 	TupleDesc	desc;
 	TupleTableSlot *slot;
 	Datum		row;
+	bool		skipped;
 
 	for (int i = 0; i < 7; i++)
 	{
@@ -652,11 +703,17 @@ status_history_report(PG_FUNCTION_ARGS)
 							   " (object_id, status, error, details, replica_id, generation, reported_at)"
 							   " VALUES ($1, $2, $3, $4, $5, $6, $7)",
 							   7, types);
-	execute_capturing(plan, args, nulls, store);
+	skipped = execute_capturing(plan, args, nulls, store);
 	SPI_finish();
+	if (skipped)
+		store = keep_stored(store, desc);
 	slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
+	/* None: a trigger of the user's skipped it. */
 	if (!tuplestore_gettupleslot(store, true, false, slot))
-		elog(ERROR, "status_history: report() stored no row");
+	{
+		tuplestore_end(store);
+		PG_RETURN_NULL();
+	}
 	row = ExecFetchSlotHeapTupleDatum(slot);
 	tuplestore_end(store);
 	PG_RETURN_DATUM(row);
@@ -752,8 +809,17 @@ status_history_report_many(PG_FUNCTION_ARGS)
 							   "  WHERE u.n OPERATOR(pg_catalog.<=) pg_catalog.cardinality($1)"
 							   "  ORDER BY u.n",
 							   7, types);
-	execute_capturing(plan, args, nulls, rsinfo->setResult);
-	SPI_finish();
+	if (execute_capturing(plan, args, nulls, rsinfo->setResult))
+	{
+		MemoryContext old;
+
+		SPI_finish();
+		old = MemoryContextSwitchTo(rsinfo->econtext->ecxt_per_query_memory);
+		rsinfo->setResult = keep_stored(rsinfo->setResult, rsinfo->setDesc);
+		MemoryContextSwitchTo(old);
+	}
+	else
+		SPI_finish();
 	return (Datum) 0;
 }
 

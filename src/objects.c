@@ -133,10 +133,58 @@ static bool cache_recheck = false;	/* that table may have been dropped */
  * The entry the last report was applied to: its row may be "in flight",
  * neither inserted nor skipped yet (later BEFORE triggers, CHECK constraints
  * and row security run queries in between).  A write-back from inside that
- * window must not conclude the row is missing.
+ * window must not conclude the row is missing.  One per trigger depth: a
+ * report made inside that window (a user's trigger or CHECK reporting on
+ * another object) runs the insert trigger one level deeper, and its rows
+ * must not settle the outer row.  Deeper nesting shares the last level.
  */
-static CachedObject *inflight = NULL;
-static TimestampTz inflight_stamp;	/* the stamp of that row */
+#define INFLIGHT_DEPTHS 16
+typedef struct InFlight
+{
+	CachedObject *entry;
+	TimestampTz stamp;			/* the stamp of that row */
+} InFlight;
+static InFlight inflight[INFLIGHT_DEPTHS];
+
+/* The trigger depth we run at, as an in-flight slot's index. */
+static int
+inflight_depth(void)
+{
+	int			depth = DatumGetInt32(DirectFunctionCall1(pg_trigger_depth, (Datum) 0));
+
+	return Min(Max(depth, 0), INFLIGHT_DEPTHS - 1);
+}
+
+static InFlight *
+inflight_here(void)
+{
+	return &inflight[inflight_depth()];
+}
+
+/* The statements whose rows were in slots from depth on are done. */
+static void
+settle_inflight_from(int depth)
+{
+	for (int i = Max(depth, 0); i < INFLIGHT_DEPTHS; i++)
+		inflight[i].entry = NULL;
+}
+
+static void
+set_inflight(CachedObject *entry, TimestampTz stamp)
+{
+	InFlight   *f = inflight_here();
+
+	f->entry = entry;
+	f->stamp = stamp;
+}
+
+static void
+forget_inflight(CachedObject *entry)
+{
+	for (int i = 0; i < INFLIGHT_DEPTHS; i++)
+		if (entry == NULL || inflight[i].entry == entry)
+			inflight[i].entry = NULL;
+}
 
 /*
  * A copy of the last report made current (one report, whatever the number
@@ -427,14 +475,11 @@ lock_row(Relation rel, Relation index, Datum object_id, ShObjectState *state)
 }
 
 /*
- * Create the object's row; a concurrent creator's row makes this a no-op.
- * True, with the new row's state, when this call inserted it: a row our
- * transaction inserted needs no lock (nobody else sees it before we commit,
- * and a concurrent creator waits for us on the unique index), so the lock's
- * row version and WAL record are saved on every first report.
+ * Insert the object's row; a concurrent creator's row makes this a no-op.
+ * True, with the new row's state, when this call inserted it.
  */
 static bool
-create_row(Datum object_id, int64 fence, ShObjectState *state)
+insert_object_row(Datum object_id, int64 fence, ShObjectState *state)
 {
 	Datum		args[2] = {object_id, Int64GetDatum(fence)};
 	ShSavedUser saved;
@@ -450,12 +495,65 @@ create_row(Datum object_id, int64 fence, ShObjectState *state)
 	if (SPI_processed == 1 &&
 		DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull)))
 	{
+		HeapTuple	row = SPI_tuptable->vals[0];
+
 		memset(state, 0, sizeof(ShObjectState));
-		state->fence = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
-		state->tid = *(ItemPointer) DatumGetPointer(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3, &isnull));
+		state->fence = DatumGetInt64(SPI_getbinval(row, SPI_tuptable->tupdesc, 1, &isnull));
+		state->tid = *(ItemPointer) DatumGetPointer(SPI_getbinval(row, SPI_tuptable->tupdesc, 3, &isnull));
 		created = true;
 	}
 	spi_end(&saved);
+	return created;
+}
+
+/*
+ * Create the object's row.  True, with the new row's state, when this call
+ * inserted it: a row our transaction inserted needs no lock (nobody else
+ * sees it before we commit, and a concurrent creator waits for us on the
+ * unique index), so the lock's row version and WAL record are saved on
+ * every first report.  False: the caller locks the row someone else made.
+ *
+ * Under REPEATABLE READ or SERIALIZABLE, ON CONFLICT DO NOTHING fails with
+ * 40001 when the conflicting row was committed after the transaction's
+ * snapshot -- a concurrent first report on the same object, which is no
+ * conflict for us: we lock that row instead, as in READ COMMITTED.  There the
+ * INSERT runs in a subtransaction, and that failure means "created by
+ * someone else" -- once (first_try): a second one is a real serialization
+ * failure (SERIALIZABLE's own checks raise 40001 too), and is raised.
+ */
+static bool
+create_row(Datum object_id, int64 fence, ShObjectState *state, bool first_try)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	ResourceOwner owner = CurrentResourceOwner;
+	volatile bool created = false;
+
+	if (!IsolationUsesXactSnapshot())
+		return insert_object_row(object_id, fence, state);
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(cxt);
+	PG_TRY();
+	{
+		created = insert_object_row(object_id, fence, state);
+		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(cxt);
+		CurrentResourceOwner = owner;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(cxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(cxt);
+		CurrentResourceOwner = owner;
+		if (edata->sqlerrcode != ERRCODE_T_R_SERIALIZATION_FAILURE || !first_try)
+			ReThrowError(edata);
+		FreeErrorData(edata);
+	}
+	PG_END_TRY();
 	return created;
 }
 
@@ -471,7 +569,7 @@ lock_and_read(Datum object_id, int64 new_fence, ShObjectState *state)
 	{
 		if (attempt > 2)
 			elog(ERROR, "status_history: object row vanished while being locked");
-		if (create_row(object_id, new_fence, state))
+		if (create_row(object_id, new_fence, state, attempt == 0))
 			break;
 	}
 	index_close(index, NoLock);
@@ -491,7 +589,7 @@ cache_create(void)
 	dlist_init(&dirty_list);
 	dlist_init(&nested_list);
 	dirty_count = 0;
-	inflight = NULL;
+	forget_inflight(NULL);
 	last_entry = NULL;
 	cache_relid = sh_relation_oid("objects");
 	cache_recheck = false;
@@ -506,7 +604,7 @@ cache_discard(void)
 	cache_context = NULL;
 	cache = NULL;
 	dirty_count = 0;
-	inflight = NULL;
+	forget_inflight(NULL);
 	last_entry = NULL;
 }
 
@@ -621,8 +719,7 @@ entry_remove(CachedObject *entry)
 {
 	text	   *key = entry->key;
 
-	if (inflight == entry)
-		inflight = NULL;
+	forget_inflight(entry);
 	if (last_entry == entry)
 		last_entry = NULL;
 	set_dirty(entry, false);
@@ -1297,30 +1394,50 @@ write_objects(CachedObject **batch, int n)
  * Write every dirty entry back.  Called after statements, executor runs, and
  * before commit; a no-op when nothing is dirty.  The writes belong to the
  * current subtransaction: the undo images make an abort of it re-dirty them.
+ * closing: the statement run at this level (its rows' triggers ran one level
+ * deeper) is done, so its rows are no longer in flight; rows of statements
+ * further out (a report from a user's trigger while their row waits) still are.
  */
 void
 sh_objects_flush(bool closing)
 {
 	CachedObject **batch;
-	CachedObject *held = NULL;
+	CachedObject *held[INFLIGHT_DEPTHS];
+	int			nheld = 0;
 	ShSavedUser saved;
 	int			n = 0;
 
 	cache_check_table();
 	if (closing)
-		inflight = NULL;
+		settle_inflight_from(inflight_depth() + 1);
 	if (cache == NULL || dirty_count == 0 || writing)
 		return;
-	if (inflight != NULL && inflight->dirty && !stamp_stored(inflight_stamp))
+	for (int i = 0; i < INFLIGHT_DEPTHS; i++)
 	{
-		/* Its row is not in the table yet: leave it for a closing write-back. */
-		held = inflight;
-		set_dirty(held, false);
-		if (dirty_count == 0)
+		CachedObject *entry = inflight[i].entry;
+		bool		was_held = false;
+
+		if (entry == NULL)
+			continue;
+		for (int h = 0; h < nheld; h++)
+			was_held |= held[h] == entry;
+		if (stamp_stored(inflight[i].stamp) || (!entry->dirty && !was_held))
 		{
-			set_dirty(held, true);
-			return;
+			inflight[i].entry = NULL;	/* its row was there, or nothing waits for it */
+			continue;
 		}
+		/* Its row is not in the table yet: leave it for a later write-back. */
+		if (!was_held)
+		{
+			held[nheld++] = entry;
+			set_dirty(entry, false);
+		}
+	}
+	if (dirty_count == 0)
+	{
+		for (int i = 0; i < nheld; i++)
+			set_dirty(held[i], true);
+		return;
 	}
 	batch = palloc(Min(dirty_count, FLUSH_CHUNK) * sizeof(CachedObject *));
 	spi_begin(&saved);
@@ -1342,10 +1459,19 @@ sh_objects_flush(bool closing)
 		write_batch(batch, n);
 	spi_end(&saved);
 	pfree(batch);
-	if (held != NULL)
-		set_dirty(held, true);
-	else
-		inflight = NULL;		/* its row was there: settled */
+	for (int i = 0; i < nheld; i++)
+		set_dirty(held[i], true);
+}
+
+/*
+ * An INSERT into the history is done (its AFTER STATEMENT trigger, which runs
+ * at the depth its rows' triggers ran at): its rows are settled; write back.
+ */
+void
+sh_objects_statement_end(void)
+{
+	settle_inflight_from(inflight_depth());
+	sh_objects_flush(false);
 }
 
 /* Write back and forget every entry's state: SQL is about to change rows. */
@@ -1471,8 +1597,7 @@ sh_objects_set_current(ShObjectState *state, TimestampTz stamp, const char *stat
 	state->current_at = stamp;
 	strlcpy(state->status, status, sizeof(state->status));
 	set_dirty(entry, true);
-	inflight = entry;
-	inflight_stamp = stamp;
+	set_inflight(entry, stamp);
 }
 
 /*
@@ -1623,8 +1748,7 @@ sh_objects_key_report(ShObjectState *state, ShKeyState *key, TimestampTz stamp,
 	entry->keys_recompute |= may_skip;
 	key->dirty = true;
 	set_dirty(entry, true);
-	inflight = entry;
-	inflight_stamp = stamp;
+	set_inflight(entry, stamp);
 }
 
 /* The key reported again what it reported last (a repeat: no row). */
@@ -1648,8 +1772,7 @@ sh_objects_mark_recompute(ShObjectState *state, TimestampTz stamp)
 	entry_save(entry);
 	entry->recompute = true;
 	set_dirty(entry, true);
-	inflight = entry;
-	inflight_stamp = stamp;
+	set_inflight(entry, stamp);
 }
 
 /*
@@ -1661,16 +1784,19 @@ sh_objects_mark_recompute(ShObjectState *state, TimestampTz stamp)
 void
 sh_objects_row_begin(Datum object_id)
 {
-	CachedObject *entry = inflight;
+	InFlight   *f = inflight_here();
+	CachedObject *entry = f->entry;
 	text	   *key;
 	ShSavedUser saved;
 
-	inflight = NULL;
+	/* This level's previous row is settled; deeper levels' statements are done. */
+	for (InFlight *d = f; d < inflight + INFLIGHT_DEPTHS; d++)
+		d->entry = NULL;
 	cache_check_table();
 	if (entry == NULL || cache == NULL || !entry->dirty)
 		return;
 	key = DatumGetTextPP(object_id);
-	if (sh_text_key_match(&key, &entry->key, 0) != 0 || stamp_stored(inflight_stamp))
+	if (sh_text_key_match(&key, &entry->key, 0) != 0 || stamp_stored(f->stamp))
 		return;
 	entry_save(entry);
 	set_dirty(entry, false);
@@ -1754,7 +1880,7 @@ objects_xact_callback(XactEvent event, void *arg)
 			cache = NULL;
 			dirty_count = 0;
 			writing = false;
-			inflight = NULL;
+			forget_inflight(NULL);
 			last_entry = NULL;
 			sh_notify_reset();
 			break;

@@ -111,6 +111,7 @@ extern void sh_objects_set_current(ShObjectState *state, TimestampTz stamp,
 extern void sh_objects_raise_fences(Datum *ids, int n, int64 fence);
 extern void sh_objects_mark_recompute(ShObjectState *state, TimestampTz stamp);
 extern void sh_objects_flush(bool closing);
+extern void sh_objects_statement_end(void);
 extern void sh_objects_row_begin(Datum object_id);
 extern int	sh_execute_own(SPIPlanPtr plan, Datum *args, const char *nulls);
 extern bool sh_own_write(void);
