@@ -536,14 +536,8 @@ wait_for_object(Datum object_id)
 	}
 	PG_CATCH();
 	{
-		ErrorData  *edata;
+		ErrorData  *edata = sh_subxact_abort(cxt, owner);
 
-		MemoryContextSwitchTo(cxt);
-		edata = CopyErrorData();
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(cxt);
-		CurrentResourceOwner = owner;
 		ReThrowError(edata);
 	}
 	PG_END_TRY();
@@ -615,14 +609,8 @@ sh_fence_lock_scope(Datum *ids, int n)
 		}
 		PG_CATCH();
 		{
-			ErrorData  *edata;
+			ErrorData  *edata = sh_subxact_abort(cxt, owner);
 
-			MemoryContextSwitchTo(cxt);
-			edata = CopyErrorData();
-			FlushErrorState();
-			RollbackAndReleaseCurrentSubTransaction();
-			MemoryContextSwitchTo(cxt);
-			CurrentResourceOwner = owner;
 			if (!back_off || edata->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE)
 				ReThrowError(edata);
 			FreeErrorData(edata);

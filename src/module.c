@@ -31,6 +31,7 @@
 #include "utils/array.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
+#include "utils/resowner.h"
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
 #include "utils/tuplestore.h"
@@ -249,6 +250,25 @@ sh_history_find_stamp(Relation history, TimestampTz stamp, TupleTableSlot *slot)
 	index_endscan(scan);
 	index_close(index, AccessShareLock);
 	return found;
+}
+
+/*
+ * In the PG_CATCH of an internal subtransaction begun in memory context cxt
+ * under resource owner owner: roll it back and hand over the error, flushed
+ * (rethrow it or free it).
+ */
+ErrorData *
+sh_subxact_abort(MemoryContext cxt, ResourceOwner owner)
+{
+	ErrorData  *edata;
+
+	MemoryContextSwitchTo(cxt);
+	edata = CopyErrorData();
+	FlushErrorState();
+	RollbackAndReleaseCurrentSubTransaction();
+	MemoryContextSwitchTo(cxt);
+	CurrentResourceOwner = owner;
+	return edata;
 }
 
 /* Refuse an object_ids list that is not one-dimensional (a list of ids). */

@@ -541,14 +541,8 @@ create_row(Datum object_id, int64 fence, ShObjectState *state, bool first_try)
 	}
 	PG_CATCH();
 	{
-		ErrorData  *edata;
+		ErrorData  *edata = sh_subxact_abort(cxt, owner);
 
-		MemoryContextSwitchTo(cxt);
-		edata = CopyErrorData();
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(cxt);
-		CurrentResourceOwner = owner;
 		if (edata->sqlerrcode != ERRCODE_T_R_SERIALIZATION_FAILURE || !first_try)
 			ReThrowError(edata);
 		FreeErrorData(edata);

@@ -22,6 +22,7 @@
 #include "nodes/execnodes.h"
 #include "utils/hsearch.h"
 #include "utils/relcache.h"
+#include "utils/resowner.h"
 #include "utils/timestamp.h"
 
 #define SH_SCHEMA "status_history"
@@ -44,6 +45,7 @@ extern bool sh_history_find_stamp(Relation history, TimestampTz stamp, TupleTabl
 extern uint32 sh_text_key_hash(const void *key, Size keysize);
 extern int	sh_text_key_match(const void *key1, const void *key2, Size keysize);
 extern void sh_check_id_list(Datum ids);
+extern ErrorData *sh_subxact_abort(MemoryContext cxt, ResourceOwner owner);
 extern HTAB *sh_text_hash_create(const char *name, Size entrysize, MemoryContext cxt);
 extern int	sh_execute_latest(SPIPlanPtr plan, Datum *args, const char *nulls,
 							  bool read_only, long count);
