@@ -143,9 +143,9 @@ sh_keys_read_many(Datum *object_ids, int n, text *replica_id, bool every_replica
 	Relation	rel = table_open(sh_relation_oid("replica_state"), RowExclusiveLock);
 	Relation	index = index_open(sh_relation_oid("replica_state_key"), AccessShareLock);
 	TupleTableSlot *slot = table_slot_create(rel, NULL);
-	MemoryContext row_context = AllocSetContextCreate(CurrentMemoryContext,
-													  "status_history key read",
-													  ALLOCSET_SMALL_SIZES);
+	/* Many rows: what each one detoasts goes with it (one row, on the hot path: no context). */
+	MemoryContext row_context = n == 1 ? NULL :
+		AllocSetContextCreate(CurrentMemoryContext, "status_history key read", ALLOCSET_SMALL_SIZES);
 	KeyColumns	cols;
 	Snapshot	snapshot;
 	IndexScanDesc scan;
@@ -174,13 +174,16 @@ sh_keys_read_many(Datum *object_ids, int n, text *replica_id, bool every_replica
 		index_rescan(scan, skeys, nkeys, NULL, 0);
 		while (index_getnext_slot(scan, ForwardScanDirection, slot))
 		{
-			MemoryContext old = MemoryContextSwitchTo(row_context);
+			MemoryContext old = row_context ? MemoryContextSwitchTo(row_context) : NULL;
 			ShKeyState	key;
 
 			key_from_slot(slot, &cols, &key);
 			found(i, &key, arg);
-			MemoryContextSwitchTo(old);
-			MemoryContextReset(row_context);
+			if (row_context)
+			{
+				MemoryContextSwitchTo(old);
+				MemoryContextReset(row_context);
+			}
 			if (!every_replica)
 				break;			/* the key is unique */
 		}
@@ -188,7 +191,8 @@ sh_keys_read_many(Datum *object_ids, int n, text *replica_id, bool every_replica
 	index_endscan(scan);
 	UnregisterSnapshot(snapshot);
 	ExecDropSingleTupleTableSlot(slot);
-	MemoryContextDelete(row_context);
+	if (row_context)
+		MemoryContextDelete(row_context);
 	index_close(index, AccessShareLock);
 	table_close(rel, NoLock);
 }

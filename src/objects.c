@@ -155,12 +155,6 @@ inflight_depth(void)
 	return Min(Max(depth, 0), INFLIGHT_DEPTHS - 1);
 }
 
-static InFlight *
-inflight_here(void)
-{
-	return &inflight[inflight_depth()];
-}
-
 /* The statements whose rows were in slots from depth on are done. */
 static void
 settle_inflight_from(int depth)
@@ -172,7 +166,7 @@ settle_inflight_from(int depth)
 static void
 set_inflight(CachedObject *entry, TimestampTz stamp)
 {
-	InFlight   *f = inflight_here();
+	InFlight   *f = &inflight[inflight_depth()];
 
 	f->entry = entry;
 	f->stamp = stamp;
@@ -933,6 +927,25 @@ write_from_copy(CachedObject *entry)
 	return true;
 }
 
+/*
+ * What both by-TID writes of an object's row set from the entry, after
+ * checking the row is the entry's: the fence (it only grows, as int8larger()
+ * in the statements) and status_since.
+ */
+static bool
+object_row_from_entry(TupleDesc desc, Datum *values, bool *isnull, CachedObject *entry)
+{
+	int			fence = SPI_fnumber(desc, "fence");
+
+	if (fence <= 0 || isnull[fence - 1] ||
+		!sh_row_text_is(desc, values, isnull, "object_id", entry->key))
+		return false;
+	return sh_row_set(desc, values, isnull, "fence",
+					  Int64GetDatum(Max(DatumGetInt64(values[fence - 1]), entry->state.fence)), false) &&
+		sh_row_set(desc, values, isnull, "status_since",
+				   TimestampTzGetDatum(entry->state.status_since), false);
+}
+
 /* sh_rowwrite's modify(): the object's row from the copy of its report. */
 static bool
 object_from_copy(TupleDesc desc, Datum *values, bool *isnull, void *arg)
@@ -940,18 +953,10 @@ object_from_copy(TupleDesc desc, Datum *values, bool *isnull, void *arg)
 	static const char *const report_cols[6] = {"status", "error", "details", "replica_id",
 	"generation", "reported_at"};
 	CachedObject *entry = (CachedObject *) arg;
-	int			fence = SPI_fnumber(desc, "fence");
 	bool		ok;
 
-	if (fence <= 0 || isnull[fence - 1] ||
-		!sh_row_text_is(desc, values, isnull, "object_id", entry->key))
-		return false;
-	/* The fence only grows, as int8larger() in the statements. */
-	ok = sh_row_set(desc, values, isnull, "fence",
-					Int64GetDatum(Max(DatumGetInt64(values[fence - 1]), entry->state.fence)), false) &&
-		sh_row_set(desc, values, isnull, "occurred_at", TimestampTzGetDatum(last_stamp), false) &&
-		sh_row_set(desc, values, isnull, "status_since",
-				   TimestampTzGetDatum(entry->state.status_since), false);
+	ok = object_row_from_entry(desc, values, isnull, entry) &&
+		sh_row_set(desc, values, isnull, "occurred_at", TimestampTzGetDatum(last_stamp), false);
 	for (int i = 0; ok && i < 6; i++)
 		ok = sh_row_set(desc, values, isnull, report_cols[i],
 						last_report.values[i], last_report.nulls[i]);
@@ -1189,11 +1194,6 @@ write_batch(CachedObject **batch, int n)
 	int			m = 0;
 	int			f = 0;
 
-	/*
-	 * An entry may be dirty only because of its keys or its fence.  Sorted
-	 * before anything is written: writing an object's state clears its
-	 * pending count, and its fence went with it.
-	 */
 	if (n == 1 && write_object_and_key(batch[0]))
 	{
 		notify_changes(batch, 1);
@@ -1201,6 +1201,12 @@ write_batch(CachedObject **batch, int n)
 		pfree(fences);
 		return;
 	}
+
+	/*
+	 * An entry may be dirty only because of its keys or its fence.  Sorted
+	 * before anything is written: writing an object's state clears its
+	 * pending count, and its fence went with it.
+	 */
 	for (int i = 0; i < n; i++)
 	{
 		if (batch[i]->recompute || batch[i]->state.pending > 0)
@@ -1236,16 +1242,8 @@ object_from_report(TupleDesc desc, Datum *values, bool *isnull, void *arg)
 	"replica_id", "generation", "reported_at"};
 	ReportCopy *c = (ReportCopy *) arg;
 	TupleDesc	hdesc = c->report->tts_tupleDescriptor;
-	int			fence = SPI_fnumber(desc, "fence");
-	bool		ok;
+	bool		ok = object_row_from_entry(desc, values, isnull, c->entry);
 
-	if (fence <= 0 || isnull[fence - 1] ||
-		!sh_row_text_is(desc, values, isnull, "object_id", c->entry->key))
-		return false;
-	ok = sh_row_set(desc, values, isnull, "fence",
-					Int64GetDatum(Max(DatumGetInt64(values[fence - 1]), c->entry->state.fence)), false) &&
-		sh_row_set(desc, values, isnull, "status_since",
-				   TimestampTzGetDatum(c->entry->state.status_since), false);
 	for (int i = 0; ok && i < 7; i++)
 	{
 		int			att = SPI_fnumber(hdesc, report_cols[i]);
@@ -1778,19 +1776,19 @@ sh_objects_mark_recompute(ShObjectState *state, TimestampTz stamp)
 void
 sh_objects_row_begin(Datum object_id)
 {
-	InFlight   *f = inflight_here();
-	CachedObject *entry = f->entry;
+	int			depth = inflight_depth();
+	CachedObject *entry = inflight[depth].entry;
+	TimestampTz stamp = inflight[depth].stamp;
 	text	   *key;
 	ShSavedUser saved;
 
 	/* This level's previous row is settled; deeper levels' statements are done. */
-	for (InFlight *d = f; d < inflight + INFLIGHT_DEPTHS; d++)
-		d->entry = NULL;
+	settle_inflight_from(depth);
 	cache_check_table();
 	if (entry == NULL || cache == NULL || !entry->dirty)
 		return;
 	key = DatumGetTextPP(object_id);
-	if (sh_text_key_match(&key, &entry->key, 0) != 0 || stamp_stored(f->stamp))
+	if (sh_text_key_match(&key, &entry->key, 0) != 0 || stamp_stored(stamp))
 		return;
 	entry_save(entry);
 	set_dirty(entry, false);
