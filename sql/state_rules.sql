@@ -142,6 +142,18 @@ SELECT object_id, status FROM status_history.reconnect(4, NULL, ARRAY['d10']);
 SELECT object_id, status FROM status_history.report_many(ARRAY['d10'], ARRAY['paused']);
 -- A two-dimensional object_ids is refused with a clear error.
 SELECT * FROM status_history.reconnect(5, NULL, ARRAY[['a','b'],['c','d']]);
+-- latest() returns the history's columns from the per-object rows, in the
+-- row type with the dropped column; a column added to the history it has no
+-- value for, and it says so (history_of() reads the history and returns it).
+SELECT object_id, status FROM status_history.latest(ARRAY['d10']);
+BEGIN;
+ALTER TABLE status_history.history ADD COLUMN scratch2 int;
+SELECT object_id, status FROM status_history.latest(ARRAY['d10']);
+ROLLBACK;
+BEGIN;
+ALTER TABLE status_history.history ADD COLUMN scratch2 int;
+SELECT count(*), count(scratch2) FROM status_history.history_of('d10');
+ROLLBACK;
 
 -- 13. A reconnect() without a list raises a floor: an object nobody reported
 --     on yet is fenced too, and so is a replica's next new object.

@@ -3,12 +3,12 @@
  *
  * It reads the per-object current reports kept by the insert trigger, so its
  * cost follows the number of objects, not the length of the history, and it
- * never writes (it runs on hot standbys).  Rows are fetched through a cursor
- * in batches and handed to a tuplestore, which spills to disk past work_mem,
- * so memory stays bounded however many objects there are.
+ * never writes (it runs on hot standbys).  The executor hands its rows
+ * straight to the result's tuplestore, which spills to disk past work_mem, so
+ * memory stays bounded however many objects there are.
  *
- * Also: sh_put_history_rows(), copying rows of the history's columns from a
- * cursor into a result of the history's row type (history_of() uses it too).
+ * Also: sh_put_history_rows(), running a plan whose rows are the history's
+ * into a result of the history's row type (history_of() uses it too).
  */
 #include "postgres.h"
 
@@ -16,15 +16,16 @@
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "funcapi.h"
+#include "executor/tstoreReceiver.h"
+#include "nodes/params.h"
 #include "utils/tuplestore.h"
 
 #include "status_history.h"
 
 PG_FUNCTION_INFO_V1(status_history_latest);
 
-#define LATEST_BATCH 1000
-
 /* Same columns, in the same order, as status_history.history. */
+#define LATEST_COLUMNS 9
 #define LATEST_SELECT \
 	"SELECT o.occurred_at, o.object_id, o.status, o.error, o.details," \
 	"       o.replica_id, o.generation, o.reported_at, false AS stale" \
@@ -51,48 +52,59 @@ latest_plan(bool listed)
 }
 
 /*
- * Copy every row of an open cursor whose columns are named like the history's
- * into the result, a tuplestore of the history's row type (which spills to
- * disk past work_mem).  Columns are mapped by name: the history's row type may
- * have dropped or added columns.  Shared with history_of() (questions.c).
+ * Run a kept plan (read-only) and put its rows straight into the result's
+ * tuplestore, which spills to disk past work_mem.  The plan's columns are the
+ * result's by position (the history's row type, where dropped columns are
+ * skipped); the executor's rows go to the tuplestore through a DestReceiver,
+ * as PL/pgSQL's RETURN QUERY does, with no copy in between.  Shared with
+ * history_of() (questions.c).
  */
 void
-sh_put_history_rows(ReturnSetInfo *rsinfo, Portal portal)
+sh_put_history_rows(ReturnSetInfo *rsinfo, SPIPlanPtr plan, Datum *args)
 {
-	int			natts = rsinfo->setDesc->natts;
-	Datum	   *values = palloc0(natts * sizeof(Datum));
-	bool	   *nulls = palloc(natts * sizeof(bool));
-	int		   *source = palloc(natts * sizeof(int));	/* per result column, its number in the query */
+	int			nargs = SPI_getargcount(plan);
+	ParamListInfo params = makeParamList(nargs);
+	SPIExecuteOptions options = {0};
+	DestReceiver *dest = CreateDestReceiver(DestTuplestore);
+	int			ret;
 
-	for (int a = 0; a < natts; a++)
+	for (int i = 0; i < nargs; i++)
 	{
-		Form_pg_attribute att = TupleDescAttr(rsinfo->setDesc, a);
+		params->params[i].value = args[i];
+		params->params[i].isnull = false;
+		params->params[i].pflags = PARAM_FLAG_CONST;
+		params->params[i].ptype = SPI_getargtypeid(plan, i);
+	}
+	SetTuplestoreDestReceiverParams(dest, rsinfo->setResult,
+									rsinfo->econtext->ecxt_per_query_memory, false,
+									rsinfo->setDesc,
+									"the history has columns this version of status_history does not know");
+	options.params = params;
+	options.read_only = true;
+	options.dest = dest;
+	ret = SPI_execute_plan_extended(plan, &options);
+	if (ret != SPI_OK_SELECT)
+		elog(ERROR, "status_history: reading rows failed: %s", SPI_result_code_string(ret));
+	dest->rDestroy(dest);
+}
 
-		source[a] = att->attisdropped ? SPI_ERROR_NOATTRIBUTE :
-			SPI_fnumber(portal->tupDesc, NameStr(att->attname));
-	}
-	for (;;)
-	{
-		SPI_cursor_fetch(portal, true, LATEST_BATCH);
-		if (SPI_processed == 0)
-			break;
-		for (uint64 i = 0; i < SPI_processed; i++)
-		{
-			/* Columns the history may gain later stay NULL here. */
-			for (int a = 0; a < natts; a++)
-			{
-				nulls[a] = true;
-				if (source[a] > 0)
-					values[a] = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc,
-											  source[a], &nulls[a]);
-			}
-			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-		}
-		SPI_freetuptable(SPI_tuptable);
-	}
-	pfree(values);
-	pfree(nulls);
-	pfree(source);
+/*
+ * The result has the history's row type; a column someone added to the
+ * history has no value here, so say so rather than guess.
+ */
+static void
+check_result_columns(TupleDesc desc)
+{
+	int			live = 0;
+
+	for (int a = 0; a < desc->natts; a++)
+		if (!TupleDescAttr(desc, a)->attisdropped)
+			live++;
+	if (live != LATEST_COLUMNS)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("status_history.history has %d columns, latest() knows %d", live, LATEST_COLUMNS),
+				 errhint("Drop the columns added to status_history.history, or read status_history.statuses.")));
 }
 
 /* SQL: status_history.latest(object_ids text[], include_dropped boolean) */
@@ -102,7 +114,6 @@ status_history_latest(PG_FUNCTION_ARGS)
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	bool		listed = !PG_ARGISNULL(0);
 	Datum		args[2];
-	Portal		portal;
 
 	if (PG_ARGISNULL(1))
 		ereport(ERROR,
@@ -115,10 +126,9 @@ status_history_latest(PG_FUNCTION_ARGS)
 	args[1] = listed ? PG_GETARG_DATUM(0) : (Datum) 0;
 
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+	check_result_columns(rsinfo->setDesc);
 	SPI_connect();
-	portal = SPI_cursor_open(NULL, latest_plan(listed), args, NULL, true);
-	sh_put_history_rows(rsinfo, portal);
-	SPI_cursor_close(portal);
+	sh_put_history_rows(rsinfo, latest_plan(listed), args);
 	SPI_finish();
 	return (Datum) 0;
 }

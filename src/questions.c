@@ -294,7 +294,6 @@ status_history_history_of(PG_FUNCTION_ARGS)
 	Datum		args[3];
 	TimestampTz since;
 	TimestampTz until;
-	Portal		portal;
 
 	require_arg(fcinfo, 0, "object_id", "Name the object whose reports to return.");
 	/* NULL bounds are unbounded; stamps are always finite. */
@@ -316,10 +315,7 @@ status_history_history_of(PG_FUNCTION_ARGS)
 	args[2] = TimestampTzGetDatum(until);
 
 	SPI_connect();
-	portal = SPI_cursor_open(NULL, kept_plan(&history_of_plan, HISTORY_OF_SQL, 3, types),
-							 args, NULL, true);
-	sh_put_history_rows(rsinfo, portal);
-	SPI_cursor_close(portal);
+	sh_put_history_rows(rsinfo, kept_plan(&history_of_plan, HISTORY_OF_SQL, 3, types), args);
 	SPI_finish();
 	return (Datum) 0;
 }

@@ -157,7 +157,7 @@ extern int	sh_status_index(Datum status);
 extern void sh_history_init(void);
 
 /* latest.c */
-extern void sh_put_history_rows(ReturnSetInfo *rsinfo, Portal portal);
+extern void sh_put_history_rows(ReturnSetInfo *rsinfo, SPIPlanPtr plan, Datum *args);
 
 /* fence.c */
 extern void sh_fence_init(void);
