@@ -142,17 +142,24 @@ SELECT object_id, status FROM status_history.reconnect(4, NULL, ARRAY['d10']);
 SELECT object_id, status FROM status_history.report_many(ARRAY['d10'], ARRAY['paused']);
 -- A two-dimensional object_ids is refused with a clear error.
 SELECT * FROM status_history.reconnect(5, NULL, ARRAY[['a','b'],['c','d']]);
--- latest() returns the history's columns from the per-object rows, in the
--- row type with the dropped column; a column added to the history it has no
--- value for, and it says so (history_of() reads the history and returns it).
+-- latest() and history_of() return rows of the history's row type, matched
+-- by column name: with the dropped column above; with a column someone added
+-- (NULL in latest(), which reads the per-object rows; history_of() returns
+-- it); and with columns added or dropped after the calling statement started
+-- (a cursor opened before the ALTER returns the row type it started with).
 SELECT object_id, status FROM status_history.latest(ARRAY['d10']);
 BEGIN;
-ALTER TABLE status_history.history ADD COLUMN scratch2 int;
-SELECT object_id, status FROM status_history.latest(ARRAY['d10']);
-ROLLBACK;
-BEGIN;
-ALTER TABLE status_history.history ADD COLUMN scratch2 int;
-SELECT count(*), count(scratch2) FROM status_history.history_of('d10');
+ALTER TABLE status_history.history ADD COLUMN scratch2 int DEFAULT 7;
+SELECT object_id, status, scratch2 FROM status_history.latest(ARRAY['d10']);
+SELECT count(*), count(scratch2), min(scratch2) FROM status_history.history_of('d10');
+DECLARE before_drop CURSOR FOR SELECT object_id, status, generation FROM status_history.history_of('d10') LIMIT 1;
+DECLARE latest_before_drop CURSOR FOR SELECT object_id, status, generation FROM status_history.latest(ARRAY['d10']);
+ALTER TABLE status_history.history DROP COLUMN scratch2;
+FETCH ALL FROM before_drop;
+FETCH ALL FROM latest_before_drop;
+DECLARE before_add CURSOR FOR SELECT object_id, status FROM status_history.history_of('d10') LIMIT 1;
+ALTER TABLE status_history.history ADD COLUMN scratch3 text;
+FETCH ALL FROM before_add;
 ROLLBACK;
 
 -- 13. A reconnect() without a list raises a floor: an object nobody reported

@@ -4,8 +4,9 @@
  * It reads the per-object current reports kept by the insert trigger, so its
  * cost follows the number of objects, not the length of the history, and it
  * never writes (it runs on hot standbys).  The executor hands its rows
- * straight to the result's tuplestore, which spills to disk past work_mem, so
- * memory stays bounded however many objects there are.
+ * straight to the result's tuplestore (a DestReceiver, no cursor), which
+ * spills to disk past work_mem, so memory stays bounded however many objects
+ * there are.
  *
  * Also: sh_put_history_rows(), running a plan whose rows are the history's
  * into a result of the history's row type (history_of() uses it too).
@@ -16,8 +17,8 @@
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "funcapi.h"
-#include "executor/tstoreReceiver.h"
 #include "nodes/params.h"
+#include "tcop/dest.h"
 #include "utils/tuplestore.h"
 
 #include "status_history.h"
@@ -25,7 +26,6 @@
 PG_FUNCTION_INFO_V1(status_history_latest);
 
 /* Same columns, in the same order, as status_history.history. */
-#define LATEST_COLUMNS 9
 #define LATEST_SELECT \
 	"SELECT o.occurred_at, o.object_id, o.status, o.error, o.details," \
 	"       o.replica_id, o.generation, o.reported_at, false AS stale" \
@@ -52,20 +52,101 @@ latest_plan(bool listed)
 }
 
 /*
- * Run a kept plan (read-only) and put its rows straight into the result's
- * tuplestore, which spills to disk past work_mem.  The plan's columns are the
- * result's by position (the history's row type, where dropped columns are
- * skipped); the executor's rows go to the tuplestore through a DestReceiver,
- * as PL/pgSQL's RETURN QUERY does, with no copy in between.  Shared with
- * history_of() (questions.c).
+ * A DestReceiver that puts the executor's rows into the result's tuplestore,
+ * column by column by name: the result has the history's row type as it was
+ * when the calling statement started, which may have dropped columns, or
+ * columns added since (NULL here) or before (the query may not name them).
+ */
+typedef struct HistoryRowsReceiver
+{
+	DestReceiver pub;
+	ReturnSetInfo *rsinfo;
+	int		   *source;			/* per result column, its number in the rows; 0: none */
+	Datum	   *values;
+	bool	   *nulls;
+} HistoryRowsReceiver;
+
+/* Map the result's columns to the incoming rows' by name, once per run. */
+static void
+rows_startup(DestReceiver *self, int operation, TupleDesc typeinfo)
+{
+	HistoryRowsReceiver *r = (HistoryRowsReceiver *) self;
+	TupleDesc	desc = r->rsinfo->setDesc;
+
+	for (int a = 0; a < desc->natts; a++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, a);
+
+		r->source[a] = 0;
+		for (int i = 0; i < typeinfo->natts && !att->attisdropped; i++)
+		{
+			Form_pg_attribute in = TupleDescAttr(typeinfo, i);
+
+			if (in->attisdropped || strcmp(NameStr(in->attname), NameStr(att->attname)) != 0)
+				continue;
+			/* A column of the same name and another type cannot be copied. */
+			if (in->atttypid != att->atttypid)
+				ereport(ERROR,
+						(errcode(ERRCODE_DATATYPE_MISMATCH),
+						 errmsg("column \"%s\" of status_history.history has changed type",
+								NameStr(att->attname)),
+						 errhint("Restore the column's type, or reinstall the extension.")));
+			r->source[a] = i + 1;
+			break;
+		}
+	}
+}
+
+/* One row: its columns in the result's order, then into the tuplestore. */
+static bool
+rows_receive(TupleTableSlot *slot, DestReceiver *self)
+{
+	HistoryRowsReceiver *r = (HistoryRowsReceiver *) self;
+	TupleDesc	desc = r->rsinfo->setDesc;
+
+	slot_getallattrs(slot);
+	for (int a = 0; a < desc->natts; a++)
+	{
+		int			i = r->source[a] - 1;
+
+		r->nulls[a] = i < 0 || slot->tts_isnull[i];
+		r->values[a] = r->nulls[a] ? (Datum) 0 : slot->tts_values[i];
+	}
+	tuplestore_putvalues(r->rsinfo->setResult, desc, r->values, r->nulls);
+	return true;
+}
+
+static void
+rows_shutdown(DestReceiver *self)
+{
+}
+
+static void
+rows_destroy(DestReceiver *self)
+{
+	HistoryRowsReceiver *r = (HistoryRowsReceiver *) self;
+
+	pfree(r->source);
+	pfree(r->values);
+	pfree(r->nulls);
+	pfree(r);
+}
+
+/*
+ * Run a kept plan (read-only) whose rows have the history's columns, and put
+ * them into the result, a tuplestore of the history's row type (which spills
+ * to disk past work_mem).  The executor hands each row to the receiver above,
+ * as PL/pgSQL's RETURN QUERY does, with no copy through SPI's tuple table.
+ * Shared with history_of() (questions.c).
  */
 void
 sh_put_history_rows(ReturnSetInfo *rsinfo, SPIPlanPtr plan, Datum *args)
 {
 	int			nargs = SPI_getargcount(plan);
+	int			natts = rsinfo->setDesc->natts;
 	ParamListInfo params = makeParamList(nargs);
 	SPIExecuteOptions options = {0};
-	DestReceiver *dest = CreateDestReceiver(DestTuplestore);
+	HistoryRowsReceiver *dest = palloc0(sizeof(HistoryRowsReceiver));
 	int			ret;
 
 	for (int i = 0; i < nargs; i++)
@@ -75,36 +156,23 @@ sh_put_history_rows(ReturnSetInfo *rsinfo, SPIPlanPtr plan, Datum *args)
 		params->params[i].pflags = PARAM_FLAG_CONST;
 		params->params[i].ptype = SPI_getargtypeid(plan, i);
 	}
-	SetTuplestoreDestReceiverParams(dest, rsinfo->setResult,
-									rsinfo->econtext->ecxt_per_query_memory, false,
-									rsinfo->setDesc,
-									"the history has columns this version of status_history does not know");
+	dest->pub.receiveSlot = rows_receive;
+	dest->pub.rStartup = rows_startup;
+	dest->pub.rShutdown = rows_shutdown;
+	dest->pub.rDestroy = rows_destroy;
+	dest->pub.mydest = DestTuplestore;	/* not DestNone: SPI would call the rows discarded */
+	dest->rsinfo = rsinfo;
+	dest->source = palloc(Max(natts, 1) * sizeof(int));
+	dest->values = palloc(Max(natts, 1) * sizeof(Datum));
+	dest->nulls = palloc(Max(natts, 1) * sizeof(bool));
+
 	options.params = params;
 	options.read_only = true;
-	options.dest = dest;
+	options.dest = (DestReceiver *) dest;
 	ret = SPI_execute_plan_extended(plan, &options);
 	if (ret != SPI_OK_SELECT)
 		elog(ERROR, "status_history: reading rows failed: %s", SPI_result_code_string(ret));
-	dest->rDestroy(dest);
-}
-
-/*
- * The result has the history's row type; a column someone added to the
- * history has no value here, so say so rather than guess.
- */
-static void
-check_result_columns(TupleDesc desc)
-{
-	int			live = 0;
-
-	for (int a = 0; a < desc->natts; a++)
-		if (!TupleDescAttr(desc, a)->attisdropped)
-			live++;
-	if (live != LATEST_COLUMNS)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("status_history.history has %d columns, latest() knows %d", live, LATEST_COLUMNS),
-				 errhint("Drop the columns added to status_history.history, or read status_history.statuses.")));
+	rows_destroy((DestReceiver *) dest);
 }
 
 /* SQL: status_history.latest(object_ids text[], include_dropped boolean) */
@@ -126,7 +194,6 @@ status_history_latest(PG_FUNCTION_ARGS)
 	args[1] = listed ? PG_GETARG_DATUM(0) : (Datum) 0;
 
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
-	check_result_columns(rsinfo->setDesc);
 	SPI_connect();
 	sh_put_history_rows(rsinfo, latest_plan(listed), args);
 	SPI_finish();
