@@ -161,6 +161,18 @@ DECLARE before_add CURSOR FOR SELECT object_id, status FROM status_history.histo
 ALTER TABLE status_history.history ADD COLUMN scratch3 text;
 FETCH ALL FROM before_add;
 ROLLBACK;
+-- A column of the state tables that is gone (renamed here; dropped by hand,
+-- or a library newer than the tables) is named in a clear error (42703).
+BEGIN;
+ALTER TABLE status_history.objects RENAME COLUMN status_since TO since_renamed;
+SELECT status FROM status_history.report('d10-renamed', 'running');
+ROLLBACK;
+\set VERBOSITY sqlstate
+BEGIN;
+ALTER TABLE status_history.replica_state RENAME COLUMN last_seen_at TO seen_renamed;
+SELECT status FROM status_history.report('d10', 'paused', replica_id => 'r-renamed', generation => 4);
+ROLLBACK;
+\set VERBOSITY default
 
 -- 13. A reconnect() without a list raises a floor: an object nobody reported
 --     on yet is fenced too, and so is a replica's next new object.

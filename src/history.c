@@ -74,11 +74,7 @@ typedef struct HistoryColumns
 static int
 column_index(TupleDesc desc, const char *name)
 {
-	int			attnum = SPI_fnumber(desc, name);
-
-	if (attnum <= 0)
-		elog(ERROR, "status_history: column \"%s\" is missing from the history", name);
-	return attnum - 1;
+	return sh_attnum(desc, "history", name) - 1;
 }
 
 static void

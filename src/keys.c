@@ -87,15 +87,12 @@ typedef struct KeyColumns
 static void
 key_columns(TupleDesc desc, KeyColumns *cols)
 {
-	cols->replica_id = SPI_fnumber(desc, "replica_id");
-	cols->last_at = SPI_fnumber(desc, "last_at");
-	cols->last_seen_at = SPI_fnumber(desc, "last_seen_at");
-	cols->occurred_at = SPI_fnumber(desc, "occurred_at");
-	cols->status = SPI_fnumber(desc, "status");
-	cols->status_since = SPI_fnumber(desc, "status_since");
-	if (cols->replica_id <= 0 || cols->last_at <= 0 || cols->last_seen_at <= 0 ||
-		cols->occurred_at <= 0 || cols->status <= 0 || cols->status_since <= 0)
-		elog(ERROR, "status_history: a column is missing from status_history.replica_state");
+	cols->replica_id = sh_attnum(desc, "replica_state", "replica_id");
+	cols->last_at = sh_attnum(desc, "replica_state", "last_at");
+	cols->last_seen_at = sh_attnum(desc, "replica_state", "last_seen_at");
+	cols->occurred_at = sh_attnum(desc, "replica_state", "occurred_at");
+	cols->status = sh_attnum(desc, "replica_state", "status");
+	cols->status_since = sh_attnum(desc, "replica_state", "status_since");
 }
 
 /* A key's row as state; its replica_id points into the slot. */

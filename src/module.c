@@ -253,6 +253,24 @@ sh_history_find_stamp(Relation history, TimestampTz stamp, TupleTableSlot *slot)
 }
 
 /*
+ * The number of column of status_history.<table>, found by name (dropped
+ * columns never match); an error when it is gone (a column dropped by hand,
+ * or a library newer than the extension's tables).
+ */
+AttrNumber
+sh_attnum(TupleDesc desc, const char *table, const char *column)
+{
+	int			attnum = SPI_fnumber(desc, column);
+
+	if (attnum <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_COLUMN),
+				 errmsg("column \"%s\" is missing from status_history.%s", column, table),
+				 errhint("Update the extension to the version this library is (ALTER EXTENSION status_history UPDATE), or restore the column.")));
+	return (AttrNumber) attnum;
+}
+
+/*
  * In the PG_CATCH of an internal subtransaction begun in memory context cxt
  * under resource owner owner: roll it back and hand over the error, flushed
  * (rethrow it or free it).

@@ -374,23 +374,10 @@ sh_execute_own(SPIPlanPtr plan, Datum *args, const char *nulls)
 static void
 object_columns(TupleDesc desc, ObjectColumns *cols)
 {
-	const char *names[4] = {"fence", "occurred_at", "status", "status_since"};
-	AttrNumber *slots[4] = {&cols->fence, &cols->occurred_at, &cols->status, &cols->status_since};
-
-	for (int i = 0; i < 4; i++)
-	{
-		*slots[i] = InvalidAttrNumber;
-		for (int a = 0; a < desc->natts; a++)
-		{
-			Form_pg_attribute att = TupleDescAttr(desc, a);
-
-			if (!att->attisdropped && strcmp(NameStr(att->attname), names[i]) == 0)
-				*slots[i] = att->attnum;
-		}
-		if (*slots[i] == InvalidAttrNumber)
-			elog(ERROR, "status_history: column \"%s\" is missing from status_history.objects",
-				 names[i]);
-	}
+	cols->fence = sh_attnum(desc, "objects", "fence");
+	cols->occurred_at = sh_attnum(desc, "objects", "occurred_at");
+	cols->status = sh_attnum(desc, "objects", "status");
+	cols->status_since = sh_attnum(desc, "objects", "status_since");
 }
 
 /* Copy the locked row's state out of the slot. */
