@@ -319,10 +319,8 @@ keep_stored(Tuplestorestate *store, TupleDesc desc)
 	Relation	history = table_open(sh_relation_oid("history"), AccessShareLock);
 	TupleTableSlot *row = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
 	TupleTableSlot *found = table_slot_create(history, NULL);
-	int			stamp = SPI_fnumber(desc, "occurred_at");
+	AttrNumber	stamp = sh_attnum(desc, "history", "occurred_at");
 
-	if (stamp <= 0)
-		elog(ERROR, "status_history: the history has no occurred_at column");
 	CommandCounterIncrement();	/* our rows of the INSERT just run */
 	tuplestore_rescan(store);
 	while (tuplestore_gettupleslot(store, true, false, row))
