@@ -1,0 +1,573 @@
+-- status_history install script.
+--
+-- `make` copies this file to status_history--<version>.sql, the version being
+-- the one in status_history.control.  Every name is schema-qualified and every
+-- function pins search_path, so a hostile search_path at CREATE EXTENSION time
+-- or at call time cannot redirect anything.
+
+\echo Use "CREATE EXTENSION status_history" to load this file. \quit
+
+-- ---------------------------------------------------------------------------
+-- The history: one row per report, never updated or deleted.
+-- ---------------------------------------------------------------------------
+CREATE TABLE status_history.history (
+    occurred_at timestamptz NOT NULL,
+    object_id   text        NOT NULL,
+    status      text        NOT NULL,
+    error       text,
+    details     jsonb,
+    replica_id  text,
+    generation  bigint      NOT NULL DEFAULT 0,
+    reported_at timestamptz,
+    stale       boolean     NOT NULL,   -- set by the insert trigger unless imported
+    CONSTRAINT history_pkey PRIMARY KEY (occurred_at)
+);
+-- The one secondary index: one object's reports in stamp order (recomputing
+-- its state, prune(), history_of(), intervals(), time_in_status()).  A
+-- replica's newest report is found through status_history.replica_state.
+CREATE INDEX history_object_idx
+    ON status_history.history (object_id, occurred_at DESC);
+
+COMMENT ON TABLE status_history.history IS
+    'Append-only history of status reports; rows are stamped by status_history.monotonic_now() and never change.';
+COMMENT ON COLUMN status_history.history.occurred_at IS
+    'Stamp from the database clock (status_history.monotonic_now()); unique, and the only ordering of reports.';
+COMMENT ON COLUMN status_history.history.object_id IS
+    'The object reported on (a source, sink, job or connector); never empty.';
+COMMENT ON COLUMN status_history.history.status IS
+    'One of starting, running, paused, stalled, ceased, dropped.';
+COMMENT ON COLUMN status_history.history.error IS
+    'Error text that came with the report, if any.';
+COMMENT ON COLUMN status_history.history.details IS
+    'Free-form details, e.g. {"hints": [...], "namespaced": {...}}.';
+COMMENT ON COLUMN status_history.history.replica_id IS
+    'The replica or deployment that reported; NULL for an object-wide event.';
+COMMENT ON COLUMN status_history.history.generation IS
+    'The reporter''s fence generation; a report below the object''s fence is recorded as stale.';
+COMMENT ON COLUMN status_history.history.reported_at IS
+    'The reporter''s own clock; informational, never used for ordering.';
+COMMENT ON COLUMN status_history.history.stale IS
+    'True when the report arrived below the object''s fence or a floor, or after it was dropped; a stale report never becomes current. Set by the extension; kept as given only on imports (occurred_at supplied).';
+
+-- ---------------------------------------------------------------------------
+-- Per-object state: the fence and a copy of the current report.  Written only
+-- by the insert trigger and reconnect(); it is what makes "current status of
+-- every object" cost one row per object rather than a pass over the history.
+-- ---------------------------------------------------------------------------
+CREATE TABLE status_history.objects (
+    object_id    text   NOT NULL PRIMARY KEY,
+    fence        bigint NOT NULL DEFAULT 0,
+    occurred_at  timestamptz,
+    status       text,
+    error        text,
+    details      jsonb,
+    replica_id   text,
+    generation   bigint,
+    reported_at  timestamptz,
+    status_since timestamptz
+) WITH (fillfactor = 50);   -- room on the page, so the frequent updates stay HOT
+
+COMMENT ON TABLE status_history.objects IS
+    'One row per object: its fence generation and a copy of its newest non-stale report. Maintained by the extension only.';
+COMMENT ON COLUMN status_history.objects.object_id IS 'The object.';
+COMMENT ON COLUMN status_history.objects.fence IS
+    'Fence generation raised by reconnect(); reports below it are stale.';
+COMMENT ON COLUMN status_history.objects.occurred_at IS
+    'Stamp of the current report; NULL while the object has no non-stale report.';
+COMMENT ON COLUMN status_history.objects.status IS 'Status of the current report.';
+COMMENT ON COLUMN status_history.objects.error IS 'Error of the current report.';
+COMMENT ON COLUMN status_history.objects.details IS 'Details of the current report.';
+COMMENT ON COLUMN status_history.objects.replica_id IS 'Replica of the current report.';
+COMMENT ON COLUMN status_history.objects.generation IS 'Generation of the current report.';
+COMMENT ON COLUMN status_history.objects.reported_at IS 'Reporter clock of the current report.';
+COMMENT ON COLUMN status_history.objects.status_since IS
+    'Stamp of the first report of the current unbroken run of this status.';
+
+-- The clock's persisted high-water mark, in microseconds since 2000-01-01 UTC.
+-- Stamps are never handed out above it, so after a crash the clock restarts
+-- above everything it handed out, even if the system clock stepped back.
+CREATE SEQUENCE status_history.clock_bound AS bigint MINVALUE 0 START 0;
+COMMENT ON SEQUENCE status_history.clock_bound IS
+    'Persisted upper bound of every stamp handed out (microseconds since 2000-01-01 UTC); maintained by the clock.';
+
+-- Generation floors: a reconnect() without an object list fences every
+-- object (replica_id NULL) or every object of one replica, including objects
+-- whose first report has not committed yet.
+CREATE TABLE status_history.floors (
+    replica_id text,
+    generation bigint NOT NULL DEFAULT 0,
+    retired_at timestamptz,
+    CONSTRAINT floors_replica_key UNIQUE NULLS NOT DISTINCT (replica_id)
+);
+INSERT INTO status_history.floors (replica_id, generation) VALUES (NULL, 0);
+
+COMMENT ON TABLE status_history.floors IS
+    'Generation floors raised by reconnect() without an object list; a report below its floor is stale. Maintained by the extension only.';
+COMMENT ON COLUMN status_history.floors.replica_id IS
+    'The replica the floor applies to; NULL for the database-wide floor.';
+COMMENT ON COLUMN status_history.floors.generation IS
+    'Reports (of that replica, or any report for the NULL row) below this generation are stale.';
+COMMENT ON COLUMN status_history.floors.retired_at IS
+    'When retire_replica() retired the replica: every later report of it is stale, and it never comes back. NULL: live.';
+
+-- pg_dump keeps the data of extension-owned tables only when asked to.
+-- The state and the fences are dumped too: a restore keeps them (fences are
+-- not derivable from the history), merging with what the history's restore
+-- rebuilds (the merge triggers below).  The clock's bound is not: restored
+-- rows are imports, and the clock continues above them.
+SELECT pg_catalog.pg_extension_config_dump('status_history.history', '');
+SELECT pg_catalog.pg_extension_config_dump('status_history.objects', '');
+SELECT pg_catalog.pg_extension_config_dump('status_history.floors', '');
+
+-- ---------------------------------------------------------------------------
+-- The clock.
+-- ---------------------------------------------------------------------------
+CREATE FUNCTION status_history.monotonic_now()
+RETURNS timestamptz
+AS 'MODULE_PATHNAME', 'status_history_monotonic_now'
+LANGUAGE C VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION status_history.monotonic_now() IS
+    'greatest(clock_timestamp(), last stamp + 1 microsecond): unique and increasing across sessions, restarts, crashes and clock steps.';
+
+-- ---------------------------------------------------------------------------
+-- Triggers: stamping and fencing on insert; refusing every other change.
+-- ---------------------------------------------------------------------------
+-- The C trigger functions pin no search_path: they resolve no name through
+-- it (their SQL runs as the extension owner with search_path pinned), and a
+-- SET clause would save and restore settings for every row.
+CREATE FUNCTION status_history.history_insert_trigger()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'status_history_insert_trigger'
+LANGUAGE C;
+
+COMMENT ON FUNCTION status_history.history_insert_trigger() IS
+    'Validates a report, serializes it per object, stamps it, marks it stale when fenced, and keeps the object''s current report.';
+
+CREATE FUNCTION status_history.history_statement_trigger()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'status_history_statement_trigger'
+LANGUAGE C;
+
+COMMENT ON FUNCTION status_history.history_statement_trigger() IS
+    'Writes back the per-object state an INSERT statement changed, once per object rather than once per report.';
+
+CREATE FUNCTION status_history.objects_guard()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'status_history_objects_guard'
+LANGUAGE C;
+
+COMMENT ON FUNCTION status_history.objects_guard() IS
+    'Before any statement on status_history.objects, floors or replica_state not issued by the extension itself, writes back and forgets the cached per-object state and floors.';
+
+CREATE FUNCTION status_history.history_refuse_change()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'status_history_refuse_change'
+LANGUAGE C;
+
+COMMENT ON FUNCTION status_history.history_refuse_change() IS
+    'Refuses UPDATE, DELETE and TRUNCATE on the append-only history.';
+
+CREATE TRIGGER history_insert
+    BEFORE INSERT ON status_history.history
+    FOR EACH ROW EXECUTE FUNCTION status_history.history_insert_trigger();
+CREATE TRIGGER history_statement_end
+    AFTER INSERT ON status_history.history
+    FOR EACH STATEMENT EXECUTE FUNCTION status_history.history_statement_trigger();
+CREATE TRIGGER history_refuse_change
+    BEFORE UPDATE OR DELETE OR TRUNCATE ON status_history.history
+    FOR EACH STATEMENT EXECUTE FUNCTION status_history.history_refuse_change();
+
+-- Fire even under session_replication_role = replica.
+ALTER TABLE status_history.history ENABLE ALWAYS TRIGGER history_insert;
+ALTER TABLE status_history.history ENABLE ALWAYS TRIGGER history_statement_end;
+ALTER TABLE status_history.history ENABLE ALWAYS TRIGGER history_refuse_change;
+
+CREATE TRIGGER objects_guard
+    BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON status_history.objects
+    FOR EACH STATEMENT EXECUTE FUNCTION status_history.objects_guard();
+ALTER TABLE status_history.objects ENABLE ALWAYS TRIGGER objects_guard;
+
+CREATE FUNCTION status_history.restore_merge()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'status_history_restore_merge'
+LANGUAGE C;
+
+COMMENT ON FUNCTION status_history.restore_merge() IS
+    'Rows inserted into objects, floors or replica_state by anyone but the extension (a restore) are merged with what exists: fences and floors keep the higher generation, a key keeps the restored last_seen_at.';
+
+CREATE TRIGGER objects_restore_merge
+    BEFORE INSERT ON status_history.objects
+    FOR EACH ROW EXECUTE FUNCTION status_history.restore_merge();
+ALTER TABLE status_history.objects ENABLE ALWAYS TRIGGER objects_restore_merge;
+CREATE TRIGGER floors_restore_merge
+    BEFORE INSERT ON status_history.floors
+    FOR EACH ROW EXECUTE FUNCTION status_history.restore_merge();
+ALTER TABLE status_history.floors ENABLE ALWAYS TRIGGER floors_restore_merge;
+CREATE TRIGGER floors_guard
+    BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON status_history.floors
+    FOR EACH STATEMENT EXECUTE FUNCTION status_history.objects_guard();
+ALTER TABLE status_history.floors ENABLE ALWAYS TRIGGER floors_guard;
+
+-- ---------------------------------------------------------------------------
+-- Writing.
+-- ---------------------------------------------------------------------------
+CREATE FUNCTION status_history.report(
+    object_id   text,
+    status      text,
+    error       text        DEFAULT NULL,
+    details     jsonb       DEFAULT NULL,
+    replica_id  text        DEFAULT NULL,
+    generation  bigint      DEFAULT 0,
+    reported_at timestamptz DEFAULT NULL)
+RETURNS status_history.history
+AS 'MODULE_PATHNAME', 'status_history_report'
+LANGUAGE C VOLATILE
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION status_history.report(text, text, text, jsonb, text, bigint, timestamptz) IS
+    'Appends one report stamped by the database clock and returns the stored row (stale when fenced).';
+
+CREATE FUNCTION status_history.report_many(
+    object_ids  text[],
+    statuses    text[],
+    errors      text[]        DEFAULT NULL,
+    details     jsonb[]       DEFAULT NULL,
+    replica_ids text[]        DEFAULT NULL,
+    generations bigint[]      DEFAULT NULL,
+    reported_at timestamptz[] DEFAULT NULL)
+RETURNS SETOF status_history.history
+AS 'MODULE_PATHNAME', 'status_history_report_many'
+LANGUAGE C VOLATILE
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION status_history.report_many(text[], text[], text[], jsonb[], text[], bigint[], timestamptz[]) IS
+    'Appends a batch of reports (element i of each array is report i) after locking their objects in one fixed order, so that batches never deadlock; returns the stored rows.';
+
+-- ---------------------------------------------------------------------------
+-- Reading.
+-- ---------------------------------------------------------------------------
+CREATE FUNCTION status_history.latest(
+    object_ids      text[]  DEFAULT NULL,
+    include_dropped boolean DEFAULT false)
+RETURNS SETOF status_history.history
+AS 'MODULE_PATHNAME', 'status_history_latest'
+LANGUAGE C STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION status_history.latest(text[], boolean) IS
+    'For each object (or each listed one), its newest non-stale report; dropped objects only when include_dropped.';
+
+CREATE VIEW status_history.statuses AS
+    SELECT o.object_id,
+           o.status,
+           o.error,
+           o.details,
+           o.replica_id,
+           o.generation,
+           o.occurred_at,
+           o.status_since,
+           o.reported_at,
+           o.fence
+      FROM status_history.objects AS o
+     WHERE o.occurred_at IS NOT NULL
+       AND o.status OPERATOR(pg_catalog.<>) 'dropped';
+
+COMMENT ON VIEW status_history.statuses IS
+    'Current status of every object that is not dropped; WHERE object_id = ... is a primary-key lookup.';
+COMMENT ON COLUMN status_history.statuses.object_id IS 'The object.';
+COMMENT ON COLUMN status_history.statuses.status IS 'Current status.';
+COMMENT ON COLUMN status_history.statuses.error IS 'Error of the current report.';
+COMMENT ON COLUMN status_history.statuses.details IS 'Details of the current report.';
+COMMENT ON COLUMN status_history.statuses.replica_id IS 'Replica of the current report.';
+COMMENT ON COLUMN status_history.statuses.generation IS 'Generation of the current report.';
+COMMENT ON COLUMN status_history.statuses.occurred_at IS 'Stamp of the current report.';
+COMMENT ON COLUMN status_history.statuses.status_since IS
+    'When the object entered its current status (first report of the current unbroken run).';
+COMMENT ON COLUMN status_history.statuses.reported_at IS 'Reporter clock of the current report.';
+COMMENT ON COLUMN status_history.statuses.fence IS 'The object''s fence generation.';
+
+-- ---------------------------------------------------------------------------
+-- Fencing.
+-- ---------------------------------------------------------------------------
+CREATE FUNCTION status_history.reconnect(
+    generation bigint,
+    replica_id text   DEFAULT NULL,
+    object_ids text[] DEFAULT NULL)
+RETURNS SETOF status_history.history
+AS 'MODULE_PATHNAME', 'status_history_reconnect'
+LANGUAGE C VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION status_history.reconnect(bigint, text, text[]) IS
+    'Raises the fence of every object in scope to generation (and, without an object list, the database-wide or the replica''s floor) and re-stamps their current status so it sorts last; returns the appended rows.';
+
+-- ---------------------------------------------------------------------------
+-- Per-key state (object_id, replica_id): heartbeats and replicas.
+-- ---------------------------------------------------------------------------
+-- @@ per-key state (keys)
+CREATE TABLE status_history.replica_state (
+    object_id    text        NOT NULL,
+    replica_id   text,
+    last_at      timestamptz NOT NULL,
+    last_seen_at timestamptz NOT NULL,
+    occurred_at  timestamptz,
+    status       text,
+    status_since timestamptz,
+    CONSTRAINT replica_state_key UNIQUE NULLS NOT DISTINCT (object_id, replica_id)
+) WITH (fillfactor = 50);   -- heartbeats update it in place (HOT)
+-- The objects a replica reported on (reconnect(generation, replica_id),
+-- retire_replica()); its columns never change, so updates stay HOT.
+CREATE INDEX replica_state_replica_idx
+    ON status_history.replica_state (replica_id, object_id) WHERE replica_id IS NOT NULL;
+
+COMMENT ON TABLE status_history.replica_state IS
+    'One row per key (object_id, replica_id): its newest row, when it last reported (repeats included) and its newest non-stale report. Maintained by the extension only.';
+COMMENT ON COLUMN status_history.replica_state.object_id IS 'The object.';
+COMMENT ON COLUMN status_history.replica_state.replica_id IS
+    'The replica; NULL is the key of the object''s reports without a replica.';
+COMMENT ON COLUMN status_history.replica_state.last_at IS
+    'Stamp of the key''s newest row in the history, stale or not.';
+COMMENT ON COLUMN status_history.replica_state.last_seen_at IS
+    'When the key last reported anything: the stamp of its newest row, or later when it repeated that row (a repeat appends no row).';
+COMMENT ON COLUMN status_history.replica_state.occurred_at IS
+    'Stamp of the key''s newest non-stale report; NULL when it has none.';
+COMMENT ON COLUMN status_history.replica_state.status IS 'Status of that report.';
+COMMENT ON COLUMN status_history.replica_state.status_since IS
+    'Stamp of the first report of the key''s current unbroken run of that status.';
+
+SELECT pg_catalog.pg_extension_config_dump('status_history.replica_state', '');
+
+CREATE TRIGGER replica_state_guard
+    BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON status_history.replica_state
+    FOR EACH STATEMENT EXECUTE FUNCTION status_history.objects_guard();
+ALTER TABLE status_history.replica_state ENABLE ALWAYS TRIGGER replica_state_guard;
+CREATE TRIGGER replica_state_restore_merge
+    BEFORE INSERT ON status_history.replica_state
+    FOR EACH ROW EXECUTE FUNCTION status_history.restore_merge();
+ALTER TABLE status_history.replica_state ENABLE ALWAYS TRIGGER replica_state_restore_merge;
+
+CREATE VIEW status_history.replica_statuses AS
+    SELECT k.object_id,
+           k.replica_id,
+           h.status,
+           h.error,
+           h.details,
+           h.generation,
+           k.occurred_at,
+           k.status_since,
+           h.reported_at,
+           k.last_at,
+           k.last_seen_at,
+           f.retired_at IS NOT NULL AS retired
+      FROM status_history.replica_state AS k
+      LEFT JOIN status_history.history AS h
+        ON h.occurred_at OPERATOR(pg_catalog.=) k.occurred_at
+      LEFT JOIN status_history.floors AS f
+        ON f.replica_id OPERATOR(pg_catalog.=) k.replica_id;
+
+COMMENT ON VIEW status_history.replica_statuses IS
+    'One row per key (object_id, replica_id): its newest non-stale report, and when it last reported; WHERE object_id = ... is an index lookup.';
+COMMENT ON COLUMN status_history.replica_statuses.object_id IS 'The object.';
+COMMENT ON COLUMN status_history.replica_statuses.replica_id IS 'The replica (NULL: reports without one).';
+COMMENT ON COLUMN status_history.replica_statuses.status IS
+    'Status of the key''s newest non-stale report; NULL when it has only stale ones.';
+COMMENT ON COLUMN status_history.replica_statuses.error IS 'Error of that report.';
+COMMENT ON COLUMN status_history.replica_statuses.details IS 'Details of that report.';
+COMMENT ON COLUMN status_history.replica_statuses.generation IS 'Generation of that report.';
+COMMENT ON COLUMN status_history.replica_statuses.occurred_at IS 'Stamp of that report.';
+COMMENT ON COLUMN status_history.replica_statuses.status_since IS
+    'When the key entered that status (first report of its current unbroken run).';
+COMMENT ON COLUMN status_history.replica_statuses.reported_at IS 'Reporter clock of that report.';
+COMMENT ON COLUMN status_history.replica_statuses.last_at IS
+    'Stamp of the key''s newest row, stale or not.';
+COMMENT ON COLUMN status_history.replica_statuses.last_seen_at IS
+    'When the key last reported anything, repeats included (heartbeats).';
+COMMENT ON COLUMN status_history.replica_statuses.retired IS
+    'The replica was retired by retire_replica(): its reports are stale and its key no longer counts.';
+
+-- @@ precedence
+-- One status per object by precedence, the rule of Materialize's
+-- mz_source_statuses (opt-in; statuses and latest() keep "latest report
+-- wins"): of each counted key's newest non-stale report, the one of highest
+-- precedence dropped > running > stalled > starting > paused > ceased, the
+-- newest among equals.  A retired replica's keys count only with a paused
+-- report.  One LATERAL probe per object over replica_state_key picks the key;
+-- the history is read once per object, by its primary key.
+CREATE VIEW status_history.statuses_by_precedence AS
+    SELECT o.object_id,
+           h.status,
+           h.error,
+           h.details,
+           h.replica_id,
+           h.generation,
+           h.occurred_at,
+           k.status_since,
+           h.reported_at,
+           o.fence
+      FROM status_history.objects AS o
+     CROSS JOIN LATERAL (
+           SELECT s.occurred_at, s.status_since
+             FROM status_history.replica_state AS s
+            WHERE s.object_id OPERATOR(pg_catalog.=) o.object_id
+              AND s.occurred_at IS NOT NULL
+              AND (s.status OPERATOR(pg_catalog.=) 'paused'
+                   OR NOT EXISTS (SELECT FROM status_history.floors AS f
+                                   WHERE f.replica_id OPERATOR(pg_catalog.=) s.replica_id
+                                     AND f.retired_at IS NOT NULL))
+            ORDER BY pg_catalog.array_position('{ceased,paused,starting,stalled,running,dropped}'::text[],
+                                               s.status) DESC NULLS LAST,
+                     s.occurred_at DESC
+            LIMIT 1) AS k
+      JOIN status_history.history AS h
+        ON h.occurred_at OPERATOR(pg_catalog.=) k.occurred_at
+     WHERE h.status OPERATOR(pg_catalog.<>) 'dropped';
+
+COMMENT ON VIEW status_history.statuses_by_precedence IS
+    'One status per object by precedence (Materialize''s rule, opt-in): of each live key''s newest non-stale report (a retired replica''s key only when paused), the highest of dropped > running > stalled > starting > paused > ceased, the newest among equals; dropped objects hidden. WHERE object_id = ... is an index lookup.';
+COMMENT ON COLUMN status_history.statuses_by_precedence.object_id IS 'The object.';
+COMMENT ON COLUMN status_history.statuses_by_precedence.status IS 'Status of the chosen report.';
+COMMENT ON COLUMN status_history.statuses_by_precedence.error IS 'Error of the chosen report.';
+COMMENT ON COLUMN status_history.statuses_by_precedence.details IS 'Details of the chosen report.';
+COMMENT ON COLUMN status_history.statuses_by_precedence.replica_id IS
+    'Replica of the chosen report (NULL: a report without one).';
+COMMENT ON COLUMN status_history.statuses_by_precedence.generation IS 'Generation of the chosen report.';
+COMMENT ON COLUMN status_history.statuses_by_precedence.occurred_at IS 'Stamp of the chosen report.';
+COMMENT ON COLUMN status_history.statuses_by_precedence.status_since IS
+    'When the chosen key entered that status (first report of its current unbroken run).';
+COMMENT ON COLUMN status_history.statuses_by_precedence.reported_at IS 'Reporter clock of the chosen report.';
+COMMENT ON COLUMN status_history.statuses_by_precedence.fence IS 'The object''s fence generation.';
+
+CREATE FUNCTION status_history.latest_by_precedence(
+    object_ids      text[]  DEFAULT NULL,
+    include_dropped boolean DEFAULT false)
+RETURNS SETOF status_history.history
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    -- Every object, or (a second branch, so that a list is an index lookup
+    -- also under the generic plan a SQL function gets) the listed ones.  The
+    -- key is chosen as in statuses_by_precedence, verbatim (a shared view or
+    -- function would cost a schema object or a call per object); the
+    -- regression test precedence checks both against brute force.
+    WITH scope AS (
+        SELECT o.object_id FROM status_history.objects AS o
+         WHERE object_ids IS NULL
+        UNION ALL
+        SELECT o.object_id FROM status_history.objects AS o
+         WHERE o.object_id OPERATOR(pg_catalog.=) ANY (object_ids)
+    )
+    SELECT h.*
+      FROM scope AS o
+     CROSS JOIN LATERAL (
+           SELECT s.occurred_at
+             FROM status_history.replica_state AS s
+            WHERE s.object_id OPERATOR(pg_catalog.=) o.object_id
+              AND s.occurred_at IS NOT NULL
+              AND (s.status OPERATOR(pg_catalog.=) 'paused'
+                   OR NOT EXISTS (SELECT FROM status_history.floors AS f
+                                   WHERE f.replica_id OPERATOR(pg_catalog.=) s.replica_id
+                                     AND f.retired_at IS NOT NULL))
+            ORDER BY pg_catalog.array_position('{ceased,paused,starting,stalled,running,dropped}'::text[],
+                                               s.status) DESC NULLS LAST,
+                     s.occurred_at DESC
+            LIMIT 1) AS k
+      JOIN status_history.history AS h
+        ON h.occurred_at OPERATOR(pg_catalog.=) k.occurred_at
+     WHERE include_dropped IS TRUE OR h.status OPERATOR(pg_catalog.<>) 'dropped'
+$$;
+
+COMMENT ON FUNCTION status_history.latest_by_precedence(text[], boolean) IS
+    'For each object (or each listed one), its report chosen by precedence as in statuses_by_precedence; dropped objects only when include_dropped.';
+
+CREATE FUNCTION status_history.retire_replica(
+    replica_id text,
+    generation bigint DEFAULT NULL)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'status_history_retire_replica'
+LANGUAGE C VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION status_history.retire_replica(text, bigint) IS
+    'Retires a replica for good: its later reports are stale, and every object whose current report it made shows another live replica''s newest report (re-stamped) or paused; returns the number of objects whose status changed.';
+
+-- ---------------------------------------------------------------------------
+-- Retention.
+-- ---------------------------------------------------------------------------
+-- @@ retention (prune)
+CREATE FUNCTION status_history.prune(
+    keep_last  integer  DEFAULT 5,
+    older_than interval DEFAULT NULL)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'status_history_prune'
+LANGUAGE C VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION status_history.prune(integer, interval) IS
+    'Removes old history: per object and replica all but the newest keep_last reports, and with older_than also those stamped before now() - older_than; never a key''s newest report, its newest non-stale report, or an object''s current report. Returns the number of rows removed.';
+
+-- Not for PUBLIC: grant EXECUTE to an admin role (README, Keeping the history bounded).
+REVOKE ALL ON FUNCTION status_history.prune(integer, interval) FROM PUBLIC;
+
+-- ---------------------------------------------------------------------------
+-- History questions.
+-- ---------------------------------------------------------------------------
+-- @@ history questions
+CREATE FUNCTION status_history.history_of(
+    object_id text,
+    since     timestamptz DEFAULT NULL,
+    until     timestamptz DEFAULT NULL)
+RETURNS SETOF status_history.history
+AS 'MODULE_PATHNAME', 'status_history_history_of'
+LANGUAGE C STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION status_history.history_of(text, timestamptz, timestamptz) IS
+    'The object''s reports with since <= occurred_at < until (a NULL bound: unbounded), oldest first, stale ones included.';
+
+CREATE FUNCTION status_history.intervals(
+    object_id text,
+    since     timestamptz,
+    until     timestamptz)
+RETURNS TABLE (status text, started_at timestamptz, ended_at timestamptz, duration interval,
+               replica_id text, error text)
+AS 'MODULE_PATHNAME', 'status_history_intervals'
+LANGUAGE C STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION status_history.intervals(text, timestamptz, timestamptz) IS
+    'The object''s current status over [since, least(until, now())) as contiguous periods (a run of non-stale reports of one status each), clipped to the window; replica_id and error are those of the report that started the run.';
+
+CREATE FUNCTION status_history.time_in_status(
+    since      timestamptz,
+    until      timestamptz,
+    object_ids text[] DEFAULT NULL)
+RETURNS TABLE (object_id text, status text, duration interval, share double precision)
+AS 'MODULE_PATHNAME', 'status_history_time_in_status'
+LANGUAGE C STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION status_history.time_in_status(timestamptz, timestamptz, text[]) IS
+    'Per object (or per listed one) and status, the time spent in that status within [since, least(until, now())) and its share of that window; one pass over the window''s reports.';
+
+-- ---------------------------------------------------------------------------
+-- Privileges: everyone may read; writing and fencing are granted explicitly.
+-- ---------------------------------------------------------------------------
+REVOKE ALL ON ALL TABLES IN SCHEMA status_history FROM PUBLIC;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA status_history FROM PUBLIC;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA status_history FROM PUBLIC;
+GRANT USAGE ON SCHEMA status_history TO PUBLIC;
+GRANT SELECT ON status_history.history, status_history.objects, status_history.floors,
+                status_history.statuses, status_history.replica_state,
+                status_history.replica_statuses, status_history.statuses_by_precedence TO PUBLIC;
+GRANT EXECUTE ON FUNCTION status_history.latest(text[], boolean) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION status_history.latest_by_precedence(text[], boolean) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION status_history.monotonic_now() TO PUBLIC;
+GRANT EXECUTE ON FUNCTION status_history.report(text, text, text, jsonb, text, bigint, timestamptz) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION status_history.report_many(text[], text[], text[], jsonb[], text[], bigint[], timestamptz[]) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION status_history.history_of(text, timestamptz, timestamptz) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION status_history.intervals(text, timestamptz, timestamptz) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION status_history.time_in_status(timestamptz, timestamptz, text[]) TO PUBLIC;
+-- Writing needs INSERT on status_history.history (granted per role); fencing
+-- needs EXECUTE on reconnect().  Trigger functions need no grant to fire.
