@@ -72,7 +72,8 @@ SELECT status FROM status_history.latest(ARRAY['f'], true);
 -- A report needs a replica id that can be fenced and retired: NULL or non-empty.
 SELECT status_history.report('a', 'running', replica_id => '');
 
--- Another BEFORE trigger that changes the report: the state follows the stored row.
+-- Another BEFORE trigger that changes the report: the state follows the stored
+-- row, and report() returns it as stored.
 CREATE FUNCTION other_replica() RETURNS trigger LANGUAGE plpgsql AS
 $$BEGIN NEW.replica_id := 'r9'; NEW.error := 'rewritten'; NEW.generation := 9; RETURN NEW; END$$;
 CREATE TRIGGER zz_other_replica BEFORE INSERT ON status_history.history

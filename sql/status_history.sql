@@ -143,15 +143,15 @@ AS 'MODULE_PATHNAME', 'status_history_insert_trigger'
 LANGUAGE C;
 
 COMMENT ON FUNCTION status_history.history_insert_trigger() IS
-    'Validates a report, serializes it per object, stamps it, marks it stale when fenced, and keeps the object''s current report.';
+    'Validates a report, serializes it per object, stamps it, and decides from stored reports whether it is stale (fenced) or a repeat.';
 
-CREATE FUNCTION status_history.history_statement_trigger()
+CREATE FUNCTION status_history.history_fold_trigger()
 RETURNS trigger
-AS 'MODULE_PATHNAME', 'status_history_statement_trigger'
+AS 'MODULE_PATHNAME', 'status_history_fold_trigger'
 LANGUAGE C;
 
-COMMENT ON FUNCTION status_history.history_statement_trigger() IS
-    'Writes back the per-object state an INSERT statement changed, once per object rather than once per report.';
+COMMENT ON FUNCTION status_history.history_fold_trigger() IS
+    'Folds each stored report into its object''s state, and writes the state back once no stored report of the object waits to be folded.';
 
 CREATE FUNCTION status_history.objects_guard()
 RETURNS trigger
@@ -172,16 +172,16 @@ COMMENT ON FUNCTION status_history.history_refuse_change() IS
 CREATE TRIGGER history_insert
     BEFORE INSERT ON status_history.history
     FOR EACH ROW EXECUTE FUNCTION status_history.history_insert_trigger();
-CREATE TRIGGER history_statement_end
+CREATE TRIGGER history_fold
     AFTER INSERT ON status_history.history
-    FOR EACH STATEMENT EXECUTE FUNCTION status_history.history_statement_trigger();
+    FOR EACH ROW EXECUTE FUNCTION status_history.history_fold_trigger();
 CREATE TRIGGER history_refuse_change
     BEFORE UPDATE OR DELETE OR TRUNCATE ON status_history.history
     FOR EACH STATEMENT EXECUTE FUNCTION status_history.history_refuse_change();
 
 -- Fire even under session_replication_role = replica.
 ALTER TABLE status_history.history ENABLE ALWAYS TRIGGER history_insert;
-ALTER TABLE status_history.history ENABLE ALWAYS TRIGGER history_statement_end;
+ALTER TABLE status_history.history ENABLE ALWAYS TRIGGER history_fold;
 ALTER TABLE status_history.history ENABLE ALWAYS TRIGGER history_refuse_change;
 
 CREATE TRIGGER objects_guard

@@ -338,11 +338,9 @@ raise_floor(int64 generation, Datum replica_id, bool replica_null, bool retire)
 	static SPIPlanPtr lock_all = NULL;
 	static SPIPlanPtr raise_all = NULL;
 	static SPIPlanPtr lock_one = NULL;
-	static SPIPlanPtr lock_one_020 = NULL;	/* a database not yet updated from 0.2.0 */
 	static SPIPlanPtr raise_one = NULL;
 	static SPIPlanPtr retire_one = NULL;
 	bool		changed = true;
-	bool		has_retired = sh_keys_enabled();
 	Oid			types[2] = {INT8OID, TEXTOID};
 	Datum		args[2] = {Int64GetDatum(generation), replica_id};
 	ShSavedUser saved;
@@ -379,8 +377,7 @@ raise_floor(int64 generation, Datum replica_id, bool replica_null, bool retire)
 									" SET generation = pg_catalog.int8larger(f.generation, $1)",
 									2, types);
 	}
-	/* Prepared only where the schema has what they name. */
-	if (has_retired && lock_one == NULL)
+	if (lock_one == NULL)
 	{
 		lock_one = sh_prepare_kept("SELECT f.generation, f.retired_at FROM status_history.floors AS f"
 								   " WHERE f.replica_id OPERATOR(pg_catalog.=) $2 FOR UPDATE", 2, types);
@@ -391,10 +388,6 @@ raise_floor(int64 generation, Datum replica_id, bool replica_null, bool retire)
 									 " WHERE f.retired_at IS NULL",
 									 2, types);
 	}
-	if (!has_retired && lock_one_020 == NULL)
-		lock_one_020 = sh_prepare_kept("SELECT f.generation, NULL::pg_catalog.timestamptz"
-									   "  FROM status_history.floors AS f"
-									   " WHERE f.replica_id OPERATOR(pg_catalog.=) $2 FOR UPDATE", 2, types);
 	if (replica_null)
 	{
 		if (current_all > generation)
@@ -404,7 +397,7 @@ raise_floor(int64 generation, Datum replica_id, bool replica_null, bool retire)
 	}
 	else
 	{
-		ret = sh_execute_latest(has_retired ? lock_one : lock_one_020, args, NULL, false, 0);
+		ret = sh_execute_latest(lock_one, args, NULL, false, 0);
 		if (ret == SPI_OK_SELECT && SPI_processed == 1)
 		{
 			int64		current = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
@@ -480,7 +473,6 @@ scope_ids(Datum replica_id, bool replica_null, Datum **ids)
 {
 	static SPIPlanPtr all_plan = NULL;
 	static SPIPlanPtr replica_plan = NULL;
-	static SPIPlanPtr replica_plan_020 = NULL;	/* no replica_state yet */
 	Oid			types[1] = {TEXTOID};
 	Datum		args[1] = {replica_id};
 	MemoryContext outer = CurrentMemoryContext;
@@ -492,14 +484,10 @@ scope_ids(Datum replica_id, bool replica_null, Datum **ids)
 	sh_become_owner(sh_relation_oid("objects"), &saved);
 	if (all_plan == NULL)
 		all_plan = sh_prepare_kept("SELECT o.object_id FROM status_history.objects AS o", 0, NULL);
-	if (sh_keys_enabled() && replica_plan == NULL)
+	if (replica_plan == NULL)
 		replica_plan = sh_prepare_kept("SELECT k.object_id FROM status_history.replica_state AS k"
 									   " WHERE k.replica_id OPERATOR(pg_catalog.=) $1", 1, types);
-	if (!sh_keys_enabled() && replica_plan_020 == NULL)
-		replica_plan_020 = sh_prepare_kept("SELECT DISTINCT h.object_id FROM status_history.history AS h"
-										   " WHERE h.replica_id OPERATOR(pg_catalog.=) $1", 1, types);
-	ret = sh_execute_latest(replica_null ? all_plan :
-							sh_keys_enabled() ? replica_plan : replica_plan_020, args, NULL, true, 0);
+	ret = sh_execute_latest(replica_null ? all_plan : replica_plan, args, NULL, true, 0);
 	if (ret != SPI_OK_SELECT)
 		elog(ERROR, "status_history: reading the scope failed: %s", SPI_result_code_string(ret));
 	n = (int) SPI_processed;
@@ -532,7 +520,7 @@ wait_for_object(Datum object_id)
 	MemoryContextSwitchTo(cxt);
 	PG_TRY();
 	{
-		sh_objects_lock(object_id, sh_fence_new_object());
+		(void) sh_state_lock(object_id);
 	}
 	PG_CATCH();
 	{
@@ -587,7 +575,7 @@ sh_fence_lock_scope(Datum *ids, int n)
 			{
 				TimestampTz start = back_off ? GetCurrentTimestamp() : 0;
 
-				sh_objects_lock(ids[at], sh_fence_new_object());
+				(void) sh_state_lock(ids[at]);
 				if (back_off)
 				{
 					int64		took = GetCurrentTimestamp() - start;
@@ -653,7 +641,6 @@ append_copies(ReturnSetInfo *rsinfo, Datum *ids, int n, int64 generation,
 {
 	static SPIPlanPtr current_plan = NULL;
 	static SPIPlanPtr replica_plan = NULL;
-	static SPIPlanPtr replica_plan_020 = NULL;	/* no replica_state yet */
 	Oid			types[3] = {TEXTARRAYOID, INT8OID, TEXTOID};
 	Datum		args[3];
 	char		nulls[3] = {' ', ' ', replica_null ? 'n' : ' '};
@@ -676,7 +663,7 @@ append_copies(ReturnSetInfo *rsinfo, Datum *ids, int n, int64 generation,
 									   "  ORDER BY s.n"
 									   " RETURNING h", 3, types);
 	}
-	if (sh_keys_enabled() && replica_plan == NULL)
+	if (replica_plan == NULL)
 	{
 		/* The replica's newest non-stale report of every live object. */
 		replica_plan = sh_prepare_kept(
@@ -693,27 +680,8 @@ append_copies(ReturnSetInfo *rsinfo, Datum *ids, int n, int64 generation,
 									   "  ORDER BY s.n"
 									   " RETURNING h", 3, types);
 	}
-	if (!sh_keys_enabled() && replica_plan_020 == NULL)
-	{
-		replica_plan_020 = sh_prepare_kept(
-										   "INSERT INTO status_history.history AS h"
-										   " (object_id, status, error, details, replica_id, generation, reported_at)"
-										   " SELECT o.object_id, r.status, r.error, r.details, r.replica_id, $2, r.reported_at"
-										   "   FROM pg_catalog.unnest($1) WITH ORDINALITY AS s(id, n)"
-										   "   JOIN status_history.objects AS o ON o.object_id OPERATOR(pg_catalog.=) s.id"
-										   "  CROSS JOIN LATERAL ("
-										   "        SELECT r.status, r.error, r.details, r.replica_id, r.reported_at"
-										   "          FROM status_history.history AS r"
-										   "         WHERE r.replica_id OPERATOR(pg_catalog.=) $3"
-										   "           AND r.object_id OPERATOR(pg_catalog.=) o.object_id AND NOT r.stale"
-										   "         ORDER BY r.occurred_at DESC LIMIT 1) AS r"
-										   "  WHERE o.occurred_at IS NOT NULL AND o.status OPERATOR(pg_catalog.<>) 'dropped'"
-										   "  ORDER BY s.n"
-										   " RETURNING h", 3, types);
-	}
 	/* Runs as the caller's definer (SECURITY DEFINER): the extension owner. */
-	ret = sh_execute_latest(replica_null ? current_plan :
-							sh_keys_enabled() ? replica_plan : replica_plan_020, args, nulls, false, 0);
+	ret = sh_execute_latest(replica_null ? current_plan : replica_plan, args, nulls, false, 0);
 	if (ret != SPI_OK_INSERT_RETURNING)
 		elog(ERROR, "status_history: re-stamping failed: %s", SPI_result_code_string(ret));
 	sh_fence_put_returned_rows(rsinfo);
@@ -792,7 +760,6 @@ status_history_reconnect(PG_FUNCTION_ARGS)
 	check_reconnect_args(fcinfo);
 	generation = PG_GETARG_INT64(0);
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
-	sh_objects_flush(false);
 
 	PG_TRY();
 	{
@@ -804,22 +771,32 @@ status_history_reconnect(PG_FUNCTION_ARGS)
 		}
 		else
 		{
-			if (!replica_null && sh_fence_floor(replica_id, false) == SH_RETIRED)
+			int64		floor = sh_fence_floor(replica_id, replica_null);
+
+			if (!replica_null && floor == SH_RETIRED)
 				refuse_retired(replica_id);
+			/* A stale controller cannot reconnect a list either. */
+			if (floor > generation)
+				sh_fence_refuse(generation, floor,
+								replica_null ? "every object (database-wide)" :
+								psprintf("replica \"%s\" (or every object, database-wide)",
+										 TextDatumGetCString(replica_id)));
 			n = listed_ids(PG_GETARG_ARRAYTYPE_P(2), &ids);
 		}
 		n = sh_sort_ids(ids, n);
 		sh_fence_lock_scope(ids, n);
 		for (int i = 0; i < n; i++)
 		{
-			ShObjectState *state = sh_objects_lock(ids[i], 0);
+			ShObject   *obj = sh_state_lock(ids[i]);
 
-			if (state->fence > generation)
-				sh_fence_refuse(generation, state->fence,
-							  psprintf("object \"%s\"", TextDatumGetCString(ids[i])));
+			sh_state_catch_up(obj);
+			if (obj->fence > generation)
+				sh_fence_refuse(generation, obj->fence,
+								psprintf("object \"%s\"", TextDatumGetCString(ids[i])));
 		}
-		sh_objects_raise_fences(ids, n, generation);
-		sh_objects_prefetch_keys(ids, n, replica_id, replica_null);
+		sh_state_raise_fences(ids, n, generation);
+		/* The copies below are read from the state tables: bring them up to date. */
+		sh_state_settle();
 		if (n > 0)
 			append_copies(rsinfo, ids, n, generation, replica_id, replica_null);
 		in_reconnect = false;

@@ -1,17 +1,20 @@
 /*
- * history.c — the triggers that make status_history.history append-only,
- * and the two ways of writing to it from C: report() and report_many().
+ * history.c — the triggers on status_history.history, and the two ways of
+ * writing to it from C: report() and report_many().
  *
- * The insert trigger is the hot path of the extension.  For each new row it
- * validates the report, locks the object (serializing reports on it), takes a
- * stamp from the clock, decides whether the report is stale (below the
- * object's fence or a generation floor, or after the object was dropped) and,
- * when it is the newest non-stale report, makes it the object's current
- * report (objects.c caches that and writes it back; the AFTER STATEMENT
- * trigger is the usual write-back point).  Only the table's owner may supply
- * occurred_at (import and restore); the clock then continues above it.
- * Another trigger refuses UPDATE, DELETE and TRUNCATE (all but prune()'s
- * own DELETE, see prune.c).
+ * The write path, per row (docs/WRITE_PATH.md has the whole picture):
+ *   BEFORE ROW (history_insert)  validates the report, locks its object
+ *       (state.c; serializing reports on it), catches the object's state up
+ *       with every stored row, takes a stamp from the clock, and decides,
+ *       from stored rows and the locked row only, whether the report is
+ *       stale (below a fence or floor, after dropped) or a repeat (no row:
+ *       the key's last_seen_at moves instead, written at once).
+ *   AFTER ROW (history_fold)  gets the row as PostgreSQL stored it: it is
+ *       folded into the object's state (state.c), which is written back once
+ *       no folded row of the object waits for its event any more.
+ * Only the table's owner may supply occurred_at (import and restore); the
+ * clock then continues above it.  Another trigger refuses UPDATE, DELETE
+ * and TRUNCATE (all but prune()'s own DELETE, see prune.c).
  */
 #include "postgres.h"
 
@@ -46,70 +49,15 @@
 #include "status_history.h"
 
 PG_FUNCTION_INFO_V1(status_history_insert_trigger);
-PG_FUNCTION_INFO_V1(status_history_statement_trigger);
+PG_FUNCTION_INFO_V1(status_history_fold_trigger);
 PG_FUNCTION_INFO_V1(status_history_refuse_change);
 PG_FUNCTION_INFO_V1(status_history_report);
 PG_FUNCTION_INFO_V1(status_history_report_many);
-PG_FUNCTION_INFO_V1(status_history_prefetch);
 
 /* The statuses a report may carry; questions.c counts time per status by index. */
 const char *const sh_statuses[SH_NSTATUSES] = {
 	"starting", "running", "paused", "stalled", "ceased", "dropped"
 };
-
-/* Attribute numbers (0-based) of the columns, found by name. */
-typedef struct HistoryColumns
-{
-	int			occurred_at;
-	int			object_id;
-	int			status;
-	int			error;
-	int			details;
-	int			replica_id;
-	int			generation;
-	int			reported_at;
-	int			stale;
-} HistoryColumns;
-
-static int
-column_index(TupleDesc desc, const char *name)
-{
-	return sh_attnum(desc, "history", name) - 1;
-}
-
-static void
-lookup_columns(TupleDesc desc, HistoryColumns *cols)
-{
-	cols->occurred_at = column_index(desc, "occurred_at");
-	cols->object_id = column_index(desc, "object_id");
-	cols->status = column_index(desc, "status");
-	cols->error = column_index(desc, "error");
-	cols->details = column_index(desc, "details");
-	cols->replica_id = column_index(desc, "replica_id");
-	cols->generation = column_index(desc, "generation");
-	cols->reported_at = column_index(desc, "reported_at");
-	cols->stale = column_index(desc, "stale");
-}
-
-/* Find the columns by name; cached, as the trigger runs for every row. */
-static void
-history_columns(Relation rel, HistoryColumns *cols)
-{
-	static Oid	cached_relid = InvalidOid;
-	static int	cached_natts = 0;
-	static HistoryColumns cached;
-	TupleDesc	desc = RelationGetDescr(rel);
-
-	/* Positions change only when columns are added (dropped ones stay put). */
-	if (RelationGetRelid(rel) != cached_relid || desc->natts != cached_natts)
-	{
-		cached_relid = InvalidOid;
-		lookup_columns(desc, &cached);
-		cached_relid = RelationGetRelid(rel);
-		cached_natts = desc->natts;
-	}
-	*cols = cached;
-}
 
 /* True when the text equals the C string, without copying either. */
 static bool
@@ -157,48 +105,51 @@ sh_status_index(Datum status)
 	return -1;
 }
 
+/* values[] and nulls[] are 0-based: a column's slot in them. */
+#define AT(att) ((att) - 1)
+
 /* Refuse anything that is not a valid report; messages say how to fix it. */
 static void
-validate_report(Datum *values, bool *nulls, const HistoryColumns *cols)
+validate_report(Datum *values, bool *nulls, const ShHistoryCols *cols)
 {
-	if (nulls[cols->object_id])
+	if (nulls[AT(cols->object_id)])
 		ereport(ERROR,
 				(errcode(ERRCODE_NOT_NULL_VIOLATION),
 				 errmsg("object_id must not be null"),
 				 errhint("Every report names the object it is about.")));
-	if (VARSIZE_ANY_EXHDR(DatumGetTextPP(values[cols->object_id])) == 0)
+	if (VARSIZE_ANY_EXHDR(DatumGetTextPP(values[AT(cols->object_id)])) == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("object_id must not be empty"),
 				 errhint("Every report names the object it is about.")));
-	if (nulls[cols->status])
+	if (nulls[AT(cols->status)])
 		ereport(ERROR,
 				(errcode(ERRCODE_NOT_NULL_VIOLATION),
 				 errmsg("status must not be null"),
 				 errhint("Use one of starting, running, paused, stalled, ceased, dropped.")));
-	if (sh_status_index(values[cols->status]) < 0)
+	if (sh_status_index(values[AT(cols->status)]) < 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("invalid status \"%s\"", excerpt(DatumGetTextPP(values[cols->status]))),
+				 errmsg("invalid status \"%s\"", excerpt(DatumGetTextPP(values[AT(cols->status)]))),
 				 errhint("Use one of starting, running, paused, stalled, ceased, dropped.")));
 
-	if (!nulls[cols->replica_id] &&
-		VARSIZE_ANY_EXHDR(DatumGetTextPP(values[cols->replica_id])) == 0 &&
-		nulls[cols->occurred_at])
+	if (!nulls[AT(cols->replica_id)] &&
+		VARSIZE_ANY_EXHDR(DatumGetTextPP(values[AT(cols->replica_id)])) == 0 &&
+		nulls[AT(cols->occurred_at)])
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("replica_id must not be empty"),
 				 errhint("Pass NULL for a report without a replica: an empty id could not be fenced or retired.")));
-	if (nulls[cols->generation])
+	if (nulls[AT(cols->generation)])
 		ereport(ERROR,
 				(errcode(ERRCODE_NOT_NULL_VIOLATION),
 				 errmsg("generation must not be null"),
 				 errhint("Omit generation to report with generation 0.")));
-	if (DatumGetInt64(values[cols->generation]) < 0)
+	if (DatumGetInt64(values[AT(cols->generation)]) < 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("generation must not be negative, got " INT64_FORMAT,
-						DatumGetInt64(values[cols->generation])),
+						DatumGetInt64(values[AT(cols->generation)])),
 				 errhint("Generations start at 0 and only grow.")));
 }
 
@@ -213,8 +164,6 @@ static int	max_import_lead = 10000;
 /* status_history.deduplicate: a repeat appends no row, it moves last_seen_at. */
 static bool deduplicate = true;
 
-static void history_relcache_callback(Datum arg, Oid relid);
-
 /*
  * A stamp already taken, committed or not, by a different report (another
  * object or status).  The same report again (a re-import) is left to the
@@ -222,7 +171,7 @@ static void history_relcache_callback(Datum arg, Oid relid);
  */
 static bool
 stamp_taken(Relation rel, TimestampTz stamp, Datum object_id, Datum status,
-			const HistoryColumns *cols)
+			const ShHistoryCols *cols)
 {
 	TupleTableSlot *slot = table_slot_create(rel, NULL);
 	bool		taken = false;
@@ -230,8 +179,8 @@ stamp_taken(Relation rel, TimestampTz stamp, Datum object_id, Datum status,
 	if (sh_history_find_stamp(rel, stamp, slot))
 	{
 		bool		isnull;
-		Datum		o = slot_getattr(slot, cols->object_id + 1, &isnull);
-		Datum		st = slot_getattr(slot, cols->status + 1, &isnull);
+		Datum		o = slot_getattr(slot, cols->object_id, &isnull);
+		Datum		st = slot_getattr(slot, cols->status, &isnull);
 
 		taken = !DatumGetBool(DirectFunctionCall2Coll(texteq, C_COLLATION_OID, o, object_id)) ||
 			!DatumGetBool(DirectFunctionCall2Coll(texteq, C_COLLATION_OID, st, status));
@@ -245,7 +194,7 @@ stamp_taken(Relation rel, TimestampTz stamp, Datum object_id, Datum status,
  * server clock (unless the clock is already past it), not taken.
  */
 static void
-check_imported_stamp(Relation rel, TimestampTz stamp, Datum *values, const HistoryColumns *cols)
+check_imported_stamp(Relation rel, TimestampTz stamp, Datum *values, const ShHistoryCols *cols)
 {
 	if (!pg_class_ownercheck(RelationGetRelid(rel), GetUserId()))
 		ereport(ERROR,
@@ -266,7 +215,7 @@ check_imported_stamp(Relation rel, TimestampTz stamp, Datum *values, const Histo
 				 errmsg("occurred_at is more than %d ms ahead of the server clock", max_import_lead),
 				 errdetail("Every later stamp would come after it: the clock would stand still until then."),
 				 errhint("Fix the source's clock, or raise status_history.max_import_lead (-1: no limit) for this import.")));
-	if (stamp_taken(rel, stamp, values[cols->object_id], values[cols->status], cols))
+	if (stamp_taken(rel, stamp, values[AT(cols->object_id)], values[AT(cols->status)], cols))
 		ereport(ERROR,
 				(errcode(ERRCODE_UNIQUE_VIOLATION),
 				 errmsg("occurred_at is already the stamp of another report"),
@@ -277,7 +226,6 @@ check_imported_stamp(Relation rel, TimestampTz stamp, Datum *values, const Histo
 void
 sh_history_init(void)
 {
-	CacheRegisterRelcacheCallback(history_relcache_callback, (Datum) 0);
 	DefineCustomIntVariable("status_history.max_import_lead",
 							"How far ahead of the server clock an imported occurred_at may be.",
 							"-1 allows any stamp; a stamp far ahead holds every later stamp back until then.",
@@ -289,141 +237,160 @@ sh_history_init(void)
 							 &deduplicate, true, PGC_USERSET, 0, NULL, NULL, NULL);
 }
 
-/*
- * The rows report() and report_many() insert, as the insert trigger formed
- * them: they return them without RETURNING, which would need SELECT on the
- * history, a privilege a reporter does not need otherwise.
- */
-static Tuplestorestate *capture = NULL;
-static uint64 captured_new = 0;	/* of which rows to be inserted (not repeats) */
+/* ---- what report() and report_many() return ---- */
 
+/*
+ * report() and report_many() return the rows their INSERT stored (or, for a
+ * repeat, the row it repeats) without RETURNING, which would need SELECT on
+ * the history, a privilege a reporter does not need otherwise.  Their INSERT
+ * is recognized by its command id (rows it stores carry it as cmin) and the
+ * trigger depth its triggers fire at; a nested INSERT (from a trigger or a
+ * constraint) has a later command id or a greater depth.
+ */
+typedef struct Captured
+{
+	const void *query;			/* the INSERT's trigger array (its result relation) */
+	bool		repeat;			/* a repeat: tuple is the row it repeats */
+	TimestampTz stamp;			/* else the stamp the insert trigger gave it */
+	HeapTuple	tuple;
+} Captured;
+
+typedef struct Capture
+{
+	int			depth;			/* trigger depth of the INSERT's triggers */
+	CommandId	cid;			/* the INSERT's command id */
+	MemoryContext cxt;
+	List	   *before;			/* Captured, in the order the insert trigger saw them */
+	List	   *stored;			/* Captured, in the order they were stored */
+} Capture;
+
+static Capture *capture = NULL;
+
+/* The trigger array of the query whose trigger this is: one per INSERT. */
+static const void *
+query_of(TriggerData *td)
+{
+	TriggerDesc *desc = td->tg_relation->trigdesc;
+
+	for (int i = 0; desc != NULL && i < desc->numtriggers; i++)
+		if (desc->triggers[i].tgoid == td->tg_trigger->tgoid)
+			return td->tg_trigger - i;
+	return td->tg_trigger;
+}
+
+static int
+trigger_depth(void)
+{
+	return DatumGetInt32(DirectFunctionCall1(pg_trigger_depth, (Datum) 0));
+}
+
+/* The insert trigger's outcome for a row of the capturing INSERT. */
 static void
-capture_row(HeapTuple tuple, bool is_new)
+capture_before(TriggerData *td, TimestampTz stamp, HeapTuple repeated)
 {
-	if (capture != NULL)
-	{
-		tuplestore_puttuple(capture, tuple);
-		captured_new += is_new;
-	}
+	MemoryContext old;
+	Captured   *c;
+
+	if (capture == NULL || trigger_depth() != capture->depth)
+		return;
+	old = MemoryContextSwitchTo(capture->cxt);
+	c = palloc0(sizeof(Captured));
+	c->query = query_of(td);
+	c->repeat = repeated != NULL;
+	c->stamp = stamp;
+	c->tuple = repeated != NULL ? heap_copytuple(repeated) : NULL;
+	capture->before = lappend(capture->before, c);
+	MemoryContextSwitchTo(old);
+}
+
+/* A stored row of the capturing INSERT. */
+static void
+capture_stored(TriggerData *td, const ShHistoryCols *cols)
+{
+	HeapTuple	tuple = td->tg_trigtuple;
+	MemoryContext old;
+	Captured   *c;
+	bool		isnull;
+
+	if (capture == NULL || trigger_depth() != capture->depth ||
+		!TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetXmin(tuple->t_data)) ||
+		HeapTupleHeaderGetCmin(tuple->t_data) != capture->cid)
+		return;
+	old = MemoryContextSwitchTo(capture->cxt);
+	c = palloc0(sizeof(Captured));
+	c->query = query_of(td);
+	c->stamp = DatumGetTimestampTz(heap_getattr(tuple, cols->occurred_at,
+												RelationGetDescr(td->tg_relation), &isnull));
+	c->tuple = heap_copytuple(tuple);
+	capture->stored = lappend(capture->stored, c);
+	MemoryContextSwitchTo(old);
 }
 
 /*
- * The captured rows that are in the history: a row a later trigger of the
- * user's skipped (RETURN NULL, ON CONFLICT DO NOTHING) was captured before
- * it was dropped.  A rare path: one probe by stamp per row.
+ * Run our INSERT (plan), then hand its rows in order to put(): each stored
+ * row as stored, each repeat as the row it repeats; a row skipped (by a
+ * trigger of the user's, ON CONFLICT) is left out.
  */
-static Tuplestorestate *
-keep_stored(Tuplestorestate *store, TupleDesc desc)
+static void
+execute_capturing(SPIPlanPtr plan, Datum *args, const char *nulls,
+				  void (*put) (HeapTuple tuple, void *arg), void *arg)
 {
-	Tuplestorestate *kept = tuplestore_begin_heap(false, false, work_mem);
-	Relation	history = table_open(sh_relation_oid("history"), AccessShareLock);
-	TupleTableSlot *row = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
-	TupleTableSlot *found = table_slot_create(history, NULL);
-	AttrNumber	stamp = sh_attnum(desc, "history", "occurred_at");
+	Capture		mine;
+	Capture    *outer = capture;
+	ListCell   *lc;
+	const void *query;
+	volatile int ret = 0;
 
-	CommandCounterIncrement();	/* our rows of the INSERT just run */
-	tuplestore_rescan(store);
-	while (tuplestore_gettupleslot(store, true, false, row))
-	{
-		bool		isnull;
-		Datum		at = slot_getattr(row, stamp, &isnull);
-
-		if (!isnull && sh_history_find_stamp(history, DatumGetTimestampTz(at), found))
-			tuplestore_puttupleslot(kept, row);
-	}
-	ExecDropSingleTupleTableSlot(found);
-	ExecDropSingleTupleTableSlot(row);
-	table_close(history, AccessShareLock);
-	tuplestore_end(store);
-	return kept;
-}
-
-/*
- * Run an INSERT of ours, collecting the rows it stores (or, for a repeat,
- * the row it repeats) into store.  True when a row was skipped after it was
- * captured: then keep_stored() must filter store (outside SPI, in store's
- * memory context).
- */
-static bool
-execute_capturing(SPIPlanPtr plan, Datum *args, const char *nulls, Tuplestorestate *store)
-{
-	Tuplestorestate *outer = capture;
-	uint64		outer_new = captured_new;
-	uint64		inserted_new;
-	int			ret;
-
-	capture = store;
-	captured_new = 0;
+	mine.depth = trigger_depth() + 1;
+	mine.cxt = AllocSetContextCreate(CurrentMemoryContext, "status_history capture",
+									 ALLOCSET_DEFAULT_SIZES);
+	mine.before = mine.stored = NIL;
+	/* The INSERT's command id: SPI's increment before it is then a no-op. */
+	CommandCounterIncrement();
+	mine.cid = GetCurrentCommandId(false);
+	capture = &mine;
 	PG_TRY();
 	{
 		ret = SPI_execute_plan(plan, args, nulls, false, 0);
 	}
 	PG_FINALLY();
 	{
-		inserted_new = captured_new;
 		capture = outer;
-		captured_new = outer_new;
 	}
 	PG_END_TRY();
 	if (ret != SPI_OK_INSERT)
 		elog(ERROR, "status_history: inserting reports failed: %s", SPI_result_code_string(ret));
-	return SPI_processed < inserted_new;
-}
 
-/*
- * Can a row be skipped after this trigger stamped it: is there another
- * BEFORE ROW INSERT trigger (it may return NULL) or another unique or
- * exclusion index (ON CONFLICT DO NOTHING may skip on it)?  Imported stamps may also conflict
- * with the primary key.  Cached per relation until its relcache entry goes.
- */
-static Oid	skip_relid = InvalidOid;
-static bool skip_valid = false;
-static bool skip_cached;
-
-static bool
-rows_may_skip(Relation rel)
-{
-	TriggerDesc *td = rel->trigdesc;
-	List	   *indexes;
-	ListCell   *lc;
-	bool		may = false;
-
-	if (skip_valid && skip_relid == RelationGetRelid(rel))
-		return skip_cached;
-	for (int i = 0; td != NULL && i < td->numtriggers && !may; i++)
+	/* The INSERT's own trigger array is the one its stored rows name. */
+	query = mine.stored != NIL ? ((Captured *) linitial(mine.stored))->query : NULL;
+	foreach(lc, mine.before)
 	{
-		Trigger    *t = &td->triggers[i];
+		Captured   *b = (Captured *) lfirst(lc);
+		ListCell   *sc;
 
-		may = TRIGGER_FOR_ROW(t->tgtype) && TRIGGER_FOR_BEFORE(t->tgtype) &&
-			TRIGGER_FOR_INSERT(t->tgtype) && strcmp(t->tgname, "history_insert") != 0;
-	}
-	indexes = RelationGetIndexList(rel);
-	foreach(lc, indexes)
-	{
-		HeapTuple	tup = SearchSysCache1(INDEXRELID, ObjectIdGetDatum(lfirst_oid(lc)));
-
-		if (HeapTupleIsValid(tup))
+		if (query != NULL && b->query != query)
+			continue;			/* a nested INSERT's, from a constraint */
+		if (b->repeat)
 		{
-			Form_pg_index index = (Form_pg_index) GETSTRUCT(tup);
+			put(b->tuple, arg);
+			continue;
+		}
+		foreach(sc, mine.stored)
+		{
+			Captured   *s = (Captured *) lfirst(sc);
 
-			/* ON CONFLICT DO NOTHING arbitrates on unique and exclusion indexes alike. */
-			may |= (index->indisunique && !index->indisprimary) || index->indisexclusion;
-			ReleaseSysCache(tup);
+			if (s->stamp == b->stamp)
+			{
+				put(s->tuple, arg);
+				mine.stored = foreach_delete_current(mine.stored, sc);
+				break;
+			}
 		}
 	}
-	list_free(indexes);
-	skip_relid = RelationGetRelid(rel);
-	skip_cached = may;
-	skip_valid = true;
-	return may;
+	MemoryContextDelete(mine.cxt);
 }
 
-static void
-history_relcache_callback(Datum arg, Oid relid)
-{
-	if (relid == InvalidOid || relid == skip_relid)
-		skip_valid = false;
-}
+/* ---- repeats ---- */
 
 /* Two nullable column values are equal (texts byte for byte, jsonb as jsonb). */
 static bool
@@ -434,33 +401,47 @@ same_value(Datum a, bool a_null, Datum b, bool b_null, PGFunction eq)
 	return DatumGetBool(DirectFunctionCall2Coll(eq, C_COLLATION_OID, a, b));
 }
 
+/* The stored row with this stamp (tid: a hint where it is), into slot. */
+static bool
+stored_row(Relation rel, TimestampTz stamp, ItemPointer tid, TupleTableSlot *slot)
+{
+	bool		isnull;
+
+	if (tid != NULL && ItemPointerIsValid(tid) &&
+		table_tuple_fetch_row_version(rel, tid, SnapshotSelf, slot) &&
+		DatumGetTimestampTz(slot_getattr(slot, sh_history_cols(RelationGetDescr(rel))->occurred_at,
+										 &isnull)) == stamp)
+		return true;
+	return sh_history_find_stamp(rel, stamp, slot);
+}
+
 /*
  * Does the report equal the stored row at stamp in status, error, details
  * and generation (and, when check_stale, in stale)?  The row's copy goes to
  * *row when asked for.
  */
 static bool
-same_report(Relation rel, TimestampTz stamp, Datum *values, bool *nulls, const HistoryColumns *cols,
-			bool check_stale, bool stale, HeapTuple *row)
+same_report(Relation rel, TimestampTz stamp, ItemPointer tid, Datum *values, bool *nulls,
+			const ShHistoryCols *cols, bool check_stale, bool stale, HeapTuple *row)
 {
 	TupleTableSlot *slot = table_slot_create(rel, NULL);
 	bool		same = false;
 
-	if (sh_history_find_stamp(rel, stamp, slot))
+	if (stored_row(rel, stamp, tid, slot))
 	{
 		bool		isnull;
 		bool		n1,
 					n2;
-		Datum		status = slot_getattr(slot, cols->status + 1, &isnull);
-		Datum		error = slot_getattr(slot, cols->error + 1, &n1);
-		Datum		details = slot_getattr(slot, cols->details + 1, &n2);
-		Datum		generation = slot_getattr(slot, cols->generation + 1, &isnull);
-		Datum		row_stale = slot_getattr(slot, cols->stale + 1, &isnull);
+		Datum		status = slot_getattr(slot, cols->status, &isnull);
+		Datum		error = slot_getattr(slot, cols->error, &n1);
+		Datum		details = slot_getattr(slot, cols->details, &n2);
+		Datum		generation = slot_getattr(slot, cols->generation, &isnull);
+		Datum		row_stale = slot_getattr(slot, cols->stale, &isnull);
 
-		same = same_value(status, false, values[cols->status], false, texteq) &&
-			same_value(error, n1, values[cols->error], nulls[cols->error], texteq) &&
-			same_value(details, n2, values[cols->details], nulls[cols->details], jsonb_eq) &&
-			DatumGetInt64(generation) == DatumGetInt64(values[cols->generation]) &&
+		same = same_value(status, false, values[AT(cols->status)], false, texteq) &&
+			same_value(error, n1, values[AT(cols->error)], nulls[AT(cols->error)], texteq) &&
+			same_value(details, n2, values[AT(cols->details)], nulls[AT(cols->details)], jsonb_eq) &&
+			DatumGetInt64(generation) == DatumGetInt64(values[AT(cols->generation)]) &&
 			(!check_stale || DatumGetBool(row_stale) == stale);
 		if (same && row != NULL)
 			*row = ExecCopySlotHeapTuple(slot);
@@ -473,30 +454,32 @@ same_report(Relation rel, TimestampTz stamp, Datum *values, bool *nulls, const H
  * A repeat: the report equals its key's newest row (stale flag included)
  * and, unless stale, the object's current report too (so that an old
  * deployment's repeated stalled after the new one's running still becomes
- * current).  Returns the row it repeats, or NULL.
+ * current).  Both are stored rows.  Returns the row it repeats, or NULL.
  */
 static HeapTuple
-repeat_of(Relation rel, const ShObjectState *state, const ShKeyState *key,
-		  Datum *values, bool *nulls, const HistoryColumns *cols, bool stale)
+repeat_of(Relation rel, ShObject *obj, ShKey *key,
+		  Datum *values, bool *nulls, const ShHistoryCols *cols, bool stale)
 {
 	HeapTuple	row = NULL;
 
-	if (key->last_at == 0)
+	if (key == NULL || key->last_at == 0)
 		return NULL;
 	/* The newest row is the key's current report, of another status: no need to look. */
 	if (key->has_current && key->current_at == key->last_at &&
-		!text_equals(values[cols->status], key->status))
+		!text_equals(values[AT(cols->status)], key->status))
 		return NULL;
-	if (!same_report(rel, key->last_at, values, nulls, cols, true, stale, &row))
+	if (!same_report(rel, key->last_at, &key->last_tid, values, nulls, cols, true, stale, &row))
 		return NULL;
-	if (stale || (state->has_current && state->current_at == key->last_at))
+	if (stale || (obj->has_current && obj->current_at == key->last_at))
 		return row;
-	if (state->has_current &&
-		same_report(rel, state->current_at, values, nulls, cols, false, false, NULL))
+	if (obj->has_current &&
+		same_report(rel, obj->current_at, &obj->current_tid, values, nulls, cols, false, false, NULL))
 		return row;
 	heap_freetuple(row);
 	return NULL;
 }
+
+/* ---- the triggers ---- */
 
 /* SQL: BEFORE INSERT FOR EACH ROW on status_history.history */
 Datum
@@ -505,7 +488,7 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 	TriggerData *trigdata = (TriggerData *) fcinfo->context;
 	Relation	rel;
 	TupleDesc	desc;
-	HistoryColumns cols;
+	const ShHistoryCols *cols;
 	Datum	   *values;
 	bool	   *nulls;
 	bool		imported;
@@ -514,9 +497,8 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 	int64		floor;
 	TimestampTz stamp;
 	char		status[16];
-	ShObjectState *state;
-	ShKeyState *key = NULL;
-	bool		may_skip;
+	ShObject   *obj;
+	text	   *replica;
 
 	check_trigger_call(fcinfo, "history_insert_trigger");
 	if (!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) ||
@@ -527,114 +509,84 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 
 	rel = trigdata->tg_relation;
 	desc = RelationGetDescr(rel);
-	history_columns(rel, &cols);
+	cols = sh_history_cols(desc);
 	values = palloc(desc->natts * sizeof(Datum));
 	nulls = palloc(desc->natts * sizeof(bool));
 	heap_deform_tuple(trigdata->tg_trigtuple, desc, values, nulls);
 
-	validate_report(values, nulls, &cols);
-	imported = !nulls[cols.occurred_at];
-	if (imported)
-		check_imported_stamp(rel, DatumGetTimestampTz(values[cols.occurred_at]), values, &cols);
-	generation = DatumGetInt64(values[cols.generation]);
-	text_to_cstring_buffer(DatumGetTextPP(values[cols.status]), status, sizeof(status));
-	sh_fence_note_report();
-
-	/* The previous row is settled now (inserted or skipped). */
-	sh_objects_row_begin(values[cols.object_id]);
-	/* Floors first: they may make a first report stale before its row exists. */
-	floor = sh_fence_floor(values[cols.replica_id], nulls[cols.replica_id]);
-	/* Lock first, then stamp: stamp order is commit order per object. */
-	state = sh_objects_lock(values[cols.object_id], sh_fence_new_object());
+	validate_report(values, nulls, cols);
+	imported = !nulls[AT(cols->occurred_at)];
 	if (imported)
 	{
-		stamp = DatumGetTimestampTz(values[cols.occurred_at]);
+		check_imported_stamp(rel, DatumGetTimestampTz(values[AT(cols->occurred_at)]), values, cols);
+		sh_state_note_import();
+	}
+	generation = DatumGetInt64(values[AT(cols->generation)]);
+	text_to_cstring_buffer(DatumGetTextPP(values[AT(cols->status)]), status, sizeof(status));
+	replica = nulls[AT(cols->replica_id)] ? NULL : DatumGetTextPP(values[AT(cols->replica_id)]);
+	sh_fence_note_report();
+
+	/* Floors first: they may make a first report stale before its row exists. */
+	floor = sh_fence_floor(PointerGetDatum(replica), replica == NULL);
+	/* Lock, then decide from every stored row of the object, then stamp. */
+	obj = sh_state_lock(values[AT(cols->object_id)]);
+	sh_state_catch_up(obj);
+	if (imported)
+	{
+		stamp = DatumGetTimestampTz(values[AT(cols->occurred_at)]);
 		sh_clock_observe(stamp);
+		if (stamp <= obj->last_at)
+			sh_state_past_import(obj, stamp);
 	}
 	else
 		stamp = sh_clock_next();
 
-	if (imported && !nulls[cols.stale])
+	if (imported && !nulls[AT(cols->stale)])
 		/* A restore or an import that says what it was: keep it. */
-		stale = DatumGetBool(values[cols.stale]);
+		stale = DatumGetBool(values[AT(cols->stale)]);
 	else
-		stale = (!nulls[cols.stale] && DatumGetBool(values[cols.stale])) ||
-			generation < state->fence || generation < floor || floor == SH_RETIRED ||
-			(state->has_current && strcmp(state->status, "dropped") == 0) ||
-		/* dropped is terminal: not before reports already recorded after it */
-			(state->has_current && stamp < state->current_at &&
-			 strcmp(status, "dropped") == 0);
+		stale = (!nulls[AT(cols->stale)] && DatumGetBool(values[AT(cols->stale)])) ||
+			sh_state_stale(obj, generation, floor, status, stamp);
 
-	may_skip = imported || rows_may_skip(rel);
-	if (sh_keys_enabled())
+	if (deduplicate && !imported && !sh_fence_in_reconnect())
 	{
-		key = sh_objects_key(state, values[cols.replica_id], nulls[cols.replica_id]);
-		if (deduplicate && !imported && !sh_fence_in_reconnect())
+		ShKey	   *key = sh_state_key(obj, replica);
+		HeapTuple	repeated = repeat_of(rel, obj, key, values, nulls, cols, stale);
+
+		if (repeated != NULL)
 		{
-			HeapTuple	repeated = repeat_of(rel, state, key, values, nulls, &cols, stale);
-
-			if (repeated != NULL)
-			{
-				/* No row: the key was seen (report() returns the row repeated). */
-				sh_objects_key_seen(state, key, stamp);
-				capture_row(repeated, false);
-				return PointerGetDatum(NULL);
-			}
+			/* No row: the key was seen (report() returns the row repeated). */
+			sh_state_seen(obj, key, stamp);
+			capture_before(trigdata, stamp, repeated);
+			return PointerGetDatum(NULL);
 		}
-		sh_objects_key_report(state, key, stamp, stale, status, may_skip,
-							  !sh_fence_in_reconnect());
 	}
 
-	if (!stale)
-	{
-		if (!state->has_current || stamp > state->current_at)
-		{
-			ShReportValues report;
-			int			cols_of[6] = {cols.status, cols.error, cols.details,
-				cols.replica_id, cols.generation, cols.reported_at};
-
-			for (int i = 0; i < 6; i++)
-			{
-				report.values[i] = values[cols_of[i]];
-				report.nulls[i] = nulls[cols_of[i]];
-			}
-			sh_objects_set_current(state, stamp, status, &report, may_skip);
-		}
-		else
-			/* An import into the past may break the current run of a status. */
-			sh_objects_mark_recompute(state, stamp);
-	}
-
-	values[cols.occurred_at] = TimestampTzGetDatum(stamp);
-	nulls[cols.occurred_at] = false;
-	values[cols.stale] = BoolGetDatum(stale);
-	nulls[cols.stale] = false;
-	{
-		HeapTuple	stored = heap_form_tuple(desc, values, nulls);
-
-		capture_row(stored, true);
-		return PointerGetDatum(stored);
-	}
+	values[AT(cols->occurred_at)] = TimestampTzGetDatum(stamp);
+	nulls[AT(cols->occurred_at)] = false;
+	values[AT(cols->stale)] = BoolGetDatum(stale);
+	nulls[AT(cols->stale)] = false;
+	capture_before(trigdata, stamp, NULL);
+	return PointerGetDatum(heap_form_tuple(desc, values, nulls));
 }
 
-/* SQL: AFTER INSERT FOR EACH STATEMENT: write the statement's state back */
+/* SQL: AFTER INSERT FOR EACH ROW on status_history.history: fold the stored row */
 Datum
-status_history_statement_trigger(PG_FUNCTION_ARGS)
+status_history_fold_trigger(PG_FUNCTION_ARGS)
 {
 	TriggerData *trigdata = (TriggerData *) fcinfo->context;
 
 	if (!CALLED_AS_TRIGGER(fcinfo))
 		ereport(ERROR,
 				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("history_statement_trigger: not called by trigger manager")));
-	if (!TRIGGER_FIRED_FOR_STATEMENT(trigdata->tg_event) ||
+				 errmsg("history_fold_trigger: not called by trigger manager")));
+	if (!TRIGGER_FIRED_AFTER(trigdata->tg_event) || !TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) ||
 		!TRIGGER_FIRED_BY_INSERT(trigdata->tg_event))
 		ereport(ERROR,
 				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("history_statement_trigger: must be fired for each statement on insert")));
-
-	if (TRIGGER_FIRED_AFTER(trigdata->tg_event))
-		sh_objects_statement_end();
+				 errmsg("history_fold_trigger: must be fired after insert for each row")));
+	sh_state_after_row(trigdata->tg_trigtuple, RelationGetDescr(trigdata->tg_relation));
+	capture_stored(trigdata, sh_history_cols(RelationGetDescr(trigdata->tg_relation)));
 	return PointerGetDatum(NULL);
 }
 
@@ -664,11 +616,22 @@ status_history_refuse_change(PG_FUNCTION_ARGS)
 	PG_RETURN_NULL();
 }
 
+/* ---- report() and report_many() ---- */
+
+/* execute_capturing's put() for report(): the first row. */
+static void
+put_first(HeapTuple tuple, void *arg)
+{
+	HeapTuple  *first = (HeapTuple *) arg;
+
+	if (*first == NULL)
+		*first = heap_copytuple(tuple);
+}
+
 /*
  * SQL: status_history.report(...) -- exactly a plain INSERT (the insert
  * trigger does the work), as the caller, with the plan kept: a SQL-language
  * function would be parsed and planned again for every calling query.
- * RETURNING the whole row keeps the table's row type, dropped columns and all.
  */
 Datum
 status_history_report(PG_FUNCTION_ARGS)
@@ -677,11 +640,8 @@ status_history_report(PG_FUNCTION_ARGS)
 	Oid			types[7] = {TEXTOID, TEXTOID, TEXTOID, JSONBOID, TEXTOID, INT8OID, TIMESTAMPTZOID};
 	Datum		args[7];
 	char		nulls[7];
-	Tuplestorestate *store;
 	TupleDesc	desc;
-	TupleTableSlot *slot;
-	Datum		row;
-	bool		skipped;
+	HeapTuple	row = NULL;
 
 	for (int i = 0; i < 7; i++)
 	{
@@ -690,27 +650,20 @@ status_history_report(PG_FUNCTION_ARGS)
 	}
 	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "status_history: report() must return the history's row type");
-	store = tuplestore_begin_heap(false, false, work_mem);
 	SPI_connect();
 	if (plan == NULL)
 		plan = sh_prepare_kept("INSERT INTO status_history.history"
 							   " (object_id, status, error, details, replica_id, generation, reported_at)"
 							   " VALUES ($1, $2, $3, $4, $5, $6, $7)",
 							   7, types);
-	skipped = execute_capturing(plan, args, nulls, store);
+	execute_capturing(plan, args, nulls, put_first, &row);
+	if (row != NULL)
+		row = SPI_copytuple(row);
 	SPI_finish();
-	if (skipped)
-		store = keep_stored(store, desc);
-	slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
 	/* None: a trigger of the user's skipped it. */
-	if (!tuplestore_gettupleslot(store, true, false, slot))
-	{
-		tuplestore_end(store);
+	if (row == NULL)
 		PG_RETURN_NULL();
-	}
-	row = ExecFetchSlotHeapTupleDatum(slot);
-	tuplestore_end(store);
-	PG_RETURN_DATUM(row);
+	PG_RETURN_DATUM(heap_copy_tuple_as_datum(row, desc));
 }
 
 /* One array argument of report_many(): NULL, or as long as object_ids. */
@@ -728,6 +681,15 @@ batch_array(FunctionCallInfo fcinfo, int argno, int n, const char *name)
 				 errmsg("%s must be a one-dimensional array as long as object_ids", name),
 				 errhint("Pass one element per report, NULL where a report has none, or NULL for the whole argument.")));
 	return PointerGetDatum(a);
+}
+
+/* execute_capturing's put() for report_many(): every row, into the result. */
+static void
+put_result(HeapTuple tuple, void *arg)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) arg;
+
+	tuplestore_puttuple(rsinfo->setResult, tuple);
 }
 
 /*
@@ -787,7 +749,7 @@ status_history_report_many(PG_FUNCTION_ARGS)
 		m = sh_sort_ids(elems, m);
 		sh_fence_note_report();
 		for (int i = 0; i < m; i++)
-			sh_objects_lock(elems[i], sh_fence_new_object());
+			(void) sh_state_lock(elems[i]);
 	}
 
 	SPI_connect();
@@ -803,28 +765,7 @@ status_history_report_many(PG_FUNCTION_ARGS)
 							   "  WHERE u.n OPERATOR(pg_catalog.<=) pg_catalog.cardinality($1)"
 							   "  ORDER BY u.n",
 							   7, types);
-	if (execute_capturing(plan, args, nulls, rsinfo->setResult))
-	{
-		MemoryContext old;
-
-		SPI_finish();
-		old = MemoryContextSwitchTo(rsinfo->econtext->ecxt_per_query_memory);
-		rsinfo->setResult = keep_stored(rsinfo->setResult, rsinfo->setDesc);
-		MemoryContextSwitchTo(old);
-	}
-	else
-		SPI_finish();
+	execute_capturing(plan, args, nulls, put_result, rsinfo);
+	SPI_finish();
 	return (Datum) 0;
-}
-
-/*
- * SQL (0.1.0 only): status_history.history_prefetch(text[]).  A database not
- * yet updated from 0.1.0 runs the old PL/pgSQL reconnect(), which changes
- * fences with plain SQL and then calls this: forget what the cache holds.
- */
-Datum
-status_history_prefetch(PG_FUNCTION_ARGS)
-{
-	sh_objects_invalidate();
-	PG_RETURN_VOID();
 }

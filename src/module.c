@@ -47,7 +47,7 @@ void
 _PG_init(void)
 {
 	sh_clock_init();
-	sh_objects_init();
+	sh_state_init();
 	sh_history_init();
 	sh_fence_init();
 	sh_notify_init();
@@ -312,4 +312,44 @@ sh_text_hash_create(const char *name, Size entrysize, MemoryContext cxt)
 	ctl.match = sh_text_key_match;
 	ctl.hcxt = cxt;
 	return hash_create(name, 16, &ctl, HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
+}
+
+/* The history's columns by name: cached, as every row needs them. */
+static ShHistoryCols history_cols;
+static Oid	history_cols_type = InvalidOid;
+static int	history_cols_natts = 0;
+
+static void
+forget_history_cols(Datum arg, Oid relid)
+{
+	history_cols_type = InvalidOid;
+}
+
+const ShHistoryCols *
+sh_history_cols(TupleDesc desc)
+{
+	static bool registered = false;
+
+	if (!registered)
+	{
+		CacheRegisterRelcacheCallback(forget_history_cols, (Datum) 0);
+		registered = true;
+	}
+	/* A relation's row type and column count name its columns until an invalidation. */
+	if (desc->tdtypeid != history_cols_type || desc->natts != history_cols_natts)
+	{
+		history_cols_type = InvalidOid;
+		history_cols.occurred_at = sh_attnum(desc, "history", "occurred_at");
+		history_cols.object_id = sh_attnum(desc, "history", "object_id");
+		history_cols.status = sh_attnum(desc, "history", "status");
+		history_cols.error = sh_attnum(desc, "history", "error");
+		history_cols.details = sh_attnum(desc, "history", "details");
+		history_cols.replica_id = sh_attnum(desc, "history", "replica_id");
+		history_cols.generation = sh_attnum(desc, "history", "generation");
+		history_cols.reported_at = sh_attnum(desc, "history", "reported_at");
+		history_cols.stale = sh_attnum(desc, "history", "stale");
+		history_cols_type = desc->tdtypeid;
+		history_cols_natts = desc->natts;
+	}
+	return &history_cols;
 }

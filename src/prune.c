@@ -193,7 +193,7 @@ status_history_prune(PG_FUNCTION_ARGS)
 									  PG_GETARG_DATUM(1));
 
 	/* This transaction's own reports: the state must show them before we read it. */
-	sh_objects_flush(false);
+	sh_state_settle();
 	/* One prune at a time; nothing else locks this function. */
 	LockDatabaseObject(ProcedureRelationId, fcinfo->flinfo->fn_oid, 0, ExclusiveLock);
 	/* Taken after the lock: an earlier prune's removals are committed and invisible. */

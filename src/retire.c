@@ -173,7 +173,7 @@ status_history_retire_replica(PG_FUNCTION_ARGS)
 
 	check_retire_args(fcinfo);
 	replica_id = PG_GETARG_DATUM(0);
-	sh_objects_flush(false);
+	sh_state_settle();
 	PG_TRY();
 	{
 		sh_fence_set_in_reconnect(true);
@@ -187,14 +187,15 @@ status_history_retire_replica(PG_FUNCTION_ARGS)
 			sh_fence_lock_scope(ids, n);
 			for (int i = 0; i < n && !gen_null; i++)
 			{
-				ShObjectState *state = sh_objects_lock(ids[i], 0);
+				ShObject   *obj = sh_state_lock(ids[i]);
 
-				if (state->fence > generation)
-					sh_fence_refuse(generation, state->fence,
+				sh_state_catch_up(obj);
+				if (obj->fence > generation)
+					sh_fence_refuse(generation, obj->fence,
 									psprintf("object \"%s\"", TextDatumGetCString(ids[i])));
 			}
 			/* The state SQL reads below must include this transaction's reports. */
-			sh_objects_flush(false);
+			sh_state_settle();
 			if (n > 0)
 				changed = append_replacements(ids, n, replica_id, gen_null, generation);
 		}

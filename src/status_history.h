@@ -1,17 +1,19 @@
 /*
  * status_history.h — declarations shared by the files in src/.
  *
- * module.c   loading, running SPI as the extension owner, kept SPI plans
- * clock.c    the monotonic clock (monotonic_now)
- * objects.c  per-object state: locking, the write-back cache and its undo log
- * rowwrite.c writing one object's or key's row by its TID, without a statement
- * keys.c     per-key state (object_id, replica_id): reading, writing back, recomputing
- * fence.c    generation floors and reconnect()
- * retire.c   retire_replica(): a replica gone for good
- * notify.c   NOTIFY status_history when an object's status changes
- * history.c  the triggers on status_history.history, report() and report_many()
- * latest.c   the latest() set-returning function; copying history rows into a result
- * prune.c    prune(): removing old history, and the one DELETE the history lets through
+ * module.c     loading, running SPI as the extension owner, kept SPI plans, column lookups
+ * clock.c      the monotonic clock (monotonic_now)
+ * history.c    the triggers on status_history.history, report() and report_many()
+ * lock.c       locking an object's row; reading its row and its keys' rows
+ * state.c      the transaction's per-object state: folding stored rows into it (the rule)
+ * writeback.c  writing an object's state back to its rows; notifying changes
+ * rowwrite.c   writing one row by its TID, without a statement
+ * restore.c    other SQL on the state tables: the guard, and merging restored rows
+ * fence.c      generation floors and reconnect()
+ * retire.c     retire_replica(): a replica gone for good
+ * notify.c     NOTIFY status_history when an object's status changes
+ * latest.c     the latest() set-returning function; copying history rows into a result
+ * prune.c      prune(): removing old history, and the one DELETE the history lets through
  * questions.c  history_of(), intervals() and time_in_status(): the history over a window
  */
 #ifndef STATUS_HISTORY_H
@@ -57,68 +59,93 @@ extern TimestampTz sh_clock_next(void);
 extern void sh_clock_observe(TimestampTz stamp);
 extern TimestampTz sh_clock_last(void);
 
-/* objects.c */
-typedef struct ShObjectState
+/* The columns of status_history.history, found by name (attribute numbers). */
+typedef struct ShHistoryCols
 {
-	int64		fence;
-	bool		has_current;	/* has a non-stale report */
-	TimestampTz current_at;		/* its stamp */
-	TimestampTz status_since;
-	char		status[16];		/* its status; "" without one */
-	/* Reports made current since the last write-back, and the first's stamp. */
-	int32		pending;
-	TimestampTz pending_first;
-	bool		pending_may_skip;	/* one of them may have been skipped */
-	/* The status as last written (or read): what a change is measured against. */
-	bool		has_written;
-	char		written[16];
-	ItemPointerData tid;		/* its row's newest version, if known (a hint) */
-} ShObjectState;
+	AttrNumber	occurred_at;
+	AttrNumber	object_id;
+	AttrNumber	status;
+	AttrNumber	error;
+	AttrNumber	details;
+	AttrNumber	replica_id;
+	AttrNumber	generation;
+	AttrNumber	reported_at;
+	AttrNumber	stale;
+} ShHistoryCols;
+
+extern const ShHistoryCols *sh_history_cols(TupleDesc desc);
 
 /*
- * The state of one key (object_id, replica_id), kept in its object's cache
- * entry.  Stamps are 0 while there is none.
+ * The state of one key (object_id, replica_id) of an object, as folded from
+ * its stored rows.  Stamps are 0 while there is none.
  */
-typedef struct ShKeyState
+typedef struct ShKey
 {
 	text	   *replica_id;		/* NULL: the key of reports without a replica */
 	bool		stored;			/* has a row in status_history.replica_state */
-	bool		dirty;			/* changed since the last write-back */
+	bool		dirty;			/* differs from that row */
+	ItemPointerData tid;		/* that row's newest version, if known (a hint) */
 	TimestampTz last_at;		/* stamp of its newest row, stale or not */
+	ItemPointerData last_tid;	/* that history row, if known (a hint) */
 	TimestampTz last_seen_at;	/* when it last reported, repeats included */
 	bool		has_current;	/* has a non-stale report */
 	TimestampTz current_at;		/* stamp of its newest non-stale report */
 	TimestampTz status_since;	/* start of that report's run of its status */
 	char		status[16];
-	ItemPointerData tid;		/* its row's newest version, if known (a hint) */
-} ShKeyState;
+} ShKey;
 
-extern void sh_objects_init(void);
-extern ShKeyState *sh_objects_key(ShObjectState *state, Datum replica_id, bool replica_null);
-extern void sh_objects_prefetch_keys(Datum *ids, int n, Datum replica_id, bool all);
-extern void sh_objects_key_report(ShObjectState *state, ShKeyState *key, TimestampTz stamp,
-								  bool stale, const char *status, bool may_skip, bool seen);
-extern void sh_objects_key_seen(ShObjectState *state, ShKeyState *key, TimestampTz seen);
-extern ShObjectState *sh_objects_lock(Datum object_id, int64 new_fence);
-/* The columns of a report that the per-object state copies. */
-#define SH_REPORT_COLS 7		/* status, error, details, replica_id, generation, reported_at, object_id */
-typedef struct ShReportValues
+/*
+ * One object's state in this transaction (state.c): its row, as locked,
+ * with every stored row of it folded in up to last_at.
+ */
+typedef struct ShObject
 {
-	Datum		values[SH_REPORT_COLS];
-	bool		nulls[SH_REPORT_COLS];
-} ShReportValues;
+	text	   *id;				/* hash key, in the state's memory */
+	ItemPointerData tid;		/* its objects row's newest version (a hint) */
+	int64		fence;
+	TimestampTz last_at;		/* newest row folded, stale or not */
+	TimestampTz settled_at;		/* newest row whose AFTER event has come */
+	bool		has_current;	/* has a non-stale report */
+	TimestampTz current_at;		/* its stamp */
+	ItemPointerData current_tid;	/* its history row, if known (a hint) */
+	TimestampTz status_since;
+	char		status[16];		/* "" without one */
+	bool		dirty;			/* the objects row differs from this */
+	bool		has_written;	/* the status as last written: what a change is measured by */
+	char		written[16];
+	int			nkeys;
+	int			maxkeys;
+	ShKey	   *keys;
+	List	   *past_imports;	/* stamps of imports below last_at not yet folded */
+} ShObject;
 
-extern void sh_objects_set_current(ShObjectState *state, TimestampTz stamp,
-								   const char *status, const ShReportValues *report,
-								   bool may_skip);
-extern void sh_objects_raise_fences(Datum *ids, int n, int64 fence);
-extern void sh_objects_mark_recompute(ShObjectState *state, TimestampTz stamp);
-extern void sh_objects_flush(bool closing);
-extern void sh_objects_statement_end(void);
-extern void sh_objects_row_begin(Datum object_id);
+/* lock.c */
+extern bool sh_lock_object(Datum object_id, int64 new_fence, ShObject *obj);
+extern void sh_read_keys(ShObject *obj, MemoryContext cxt);
+
+/* state.c */
+extern void sh_state_init(void);
+extern ShObject *sh_state_lock(Datum object_id);
+extern void sh_state_catch_up(ShObject *obj);
+extern ShKey *sh_state_key(ShObject *obj, text *replica);
+extern bool sh_state_stale(const ShObject *obj, int64 generation, int64 floor,
+						   const char *status, TimestampTz stamp);
+extern void sh_state_past_import(ShObject *obj, TimestampTz stamp);
+extern void sh_state_note_import(void);
+extern void sh_state_seen(ShObject *obj, ShKey *key, TimestampTz seen);
+extern void sh_state_after_row(HeapTuple tuple, TupleDesc desc);
+extern void sh_state_raise_fences(Datum *ids, int n, int64 fence);
+extern void sh_state_settle(void);
+extern void sh_state_invalidate(void);
 extern int	sh_execute_own(SPIPlanPtr plan, Datum *args, const char *nulls);
 extern bool sh_own_write(void);
-extern void sh_objects_invalidate(void);
+
+/* writeback.c */
+extern void sh_write_object(ShObject *obj, TupleTableSlot *row);
+typedef struct ShFenceWriter ShFenceWriter;
+extern ShFenceWriter *sh_fence_writer_begin(void);
+extern void sh_write_fence(ShFenceWriter *w, ShObject *obj);
+extern void sh_fence_writer_end(ShFenceWriter *w);
 
 /* rowwrite.c */
 typedef bool (*ShRowModify) (TupleDesc desc, Datum *values, bool *isnull, void *arg);
@@ -130,17 +157,6 @@ extern bool sh_rowwrite(Oid relid, ItemPointer tid, ShRowModify modify, void *ar
 extern bool sh_row_text_is(TupleDesc desc, Datum *values, bool *isnull, const char *name, text *t);
 extern bool sh_row_set(TupleDesc desc, Datum *values, bool *isnull, const char *name,
 					   Datum value, bool null);
-
-/* keys.c */
-extern bool sh_keys_enabled(void);
-extern void sh_keys_read(Datum object_id, ShKeyState *key);
-typedef void (*ShKeyFound) (int i, const ShKeyState *row, void *arg);
-extern void sh_keys_read_many(Datum *object_ids, int n, text *replica_id, bool every_replica,
-							  ShKeyFound found, void *arg);
-extern void sh_keys_params(text *object_id, const ShKeyState *k, Datum *values, char *nulls);
-extern char *sh_keys_update_sql(int first, bool null_replica);
-extern void sh_keys_write(text **object_ids, ShKeyState **keys, int n);
-extern void sh_keys_recompute(text *object_id, ShKeyState *cached, int ncached);
 
 /* notify.c */
 extern void sh_notify_init(void);

@@ -123,7 +123,9 @@ $node->safe_psql('postgres', 'CREATE DATABASE sh_selftest TEMPLATE sh_template')
 	is(join("\n", @{ $clean->{diffs} // [ $clean->{error} // $clean->{dead} ] }), '',
 		'self-test: the oracle agrees with the extension on a small history');
 
-	my $disable = 'ALTER TABLE status_history.history DISABLE TRIGGER history_insert;';
+	# (history_fold would refuse such a row: 27000, checked in sql/write_path.sql.)
+	my $disable = 'ALTER TABLE status_history.history DISABLE TRIGGER history_insert;'
+	  . ' ALTER TABLE status_history.history DISABLE TRIGGER history_fold;';
 	my $row = "INSERT INTO status_history.history (occurred_at, object_id, status, generation, stale)"
 	  . " VALUES (status_history.monotonic_now(), ";
 	my @cases = (

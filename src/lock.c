@@ -1,0 +1,335 @@
+/*
+ * lock.c — locking an object's row in status_history.objects, and reading
+ * what is stored about the object: that row and its keys' rows in
+ * status_history.replica_state.
+ *
+ * Every report locks its object's row before it takes a stamp, so reports on
+ * one object are serialized and, for one object, stamp order is commit
+ * order.  The row is found and locked directly (index scan +
+ * table_tuple_lock) against its newest committed version, as PostgreSQL's
+ * RI triggers do, so that REPEATABLE READ and SERIALIZABLE reporters do not
+ * fail merely because another reporter committed a newer version.  The
+ * first report of an object creates its row.  Nobody else can change the
+ * rows of an object while we hold its lock: what is read here stays true
+ * for the rest of the transaction, except for our own writes.
+ */
+#include "postgres.h"
+
+#include "access/genam.h"
+#include "access/relscan.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "storage/lmgr.h"
+#include "utils/builtins.h"
+#include "utils/datum.h"
+#include "utils/fmgroids.h"
+#include "utils/memutils.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
+
+#include "status_history.h"
+
+static TimestampTz
+stamp_or_zero(TupleTableSlot *slot, AttrNumber att, bool *isnull)
+{
+	Datum		d = slot_getattr(slot, att, isnull);
+
+	return *isnull ? 0 : DatumGetTimestampTz(d);
+}
+
+/* Copy the locked objects row's state out of the slot. */
+static void
+read_object_row(TupleTableSlot *slot, ShObject *obj)
+{
+	TupleDesc	desc = slot->tts_tupleDescriptor;
+	AttrNumber	status_att = sh_attnum(desc, "objects", "status");
+	AttrNumber	since_att = sh_attnum(desc, "objects", "status_since");
+	bool		isnull;
+	Datum		d;
+
+	obj->fence = DatumGetInt64(slot_getattr(slot, sh_attnum(desc, "objects", "fence"), &isnull));
+	obj->current_at = stamp_or_zero(slot, sh_attnum(desc, "objects", "occurred_at"), &isnull);
+	obj->has_current = !isnull;
+	obj->tid = slot->tts_tid;
+	if (!obj->has_current)
+		return;
+	d = slot_getattr(slot, status_att, &isnull);
+	if (!isnull)
+		text_to_cstring_buffer(DatumGetTextPP(d), obj->status, sizeof(obj->status));
+	obj->status_since = stamp_or_zero(slot, since_att, &isnull);
+	if (isnull)
+		obj->status_since = obj->current_at;
+	obj->has_written = true;
+	strlcpy(obj->written, obj->status, sizeof(obj->written));
+}
+
+/*
+ * Find the object's row and lock its newest version (waiting for whoever
+ * holds it).  False when there is no row.
+ */
+static bool
+lock_row(Relation rel, Relation index, Datum object_id, ShObject *obj)
+{
+	Snapshot	snapshot;
+	IndexScanDesc scan;
+	ScanKeyData key;
+	TupleTableSlot *found = table_slot_create(rel, NULL);
+	TupleTableSlot *locked = table_slot_create(rel, NULL);
+	bool		have = false;
+
+	CommandCounterIncrement();	/* see our own latest write */
+	snapshot = RegisterSnapshot(GetLatestSnapshot());
+	ScanKeyInit(&key, 1, BTEqualStrategyNumber, F_TEXTEQ, object_id);
+	key.sk_collation = index->rd_indcollation[0];
+
+	scan = index_beginscan(rel, index, snapshot, 1, 0);
+	index_rescan(scan, &key, 1, NULL, 0);
+	while (index_getnext_slot(scan, ForwardScanDirection, found))
+	{
+		TM_FailureData tmfd;
+		ItemPointerData tid = found->tts_tid;
+		TM_Result	result;
+
+		result = table_tuple_lock(rel, &tid, snapshot, locked,
+								  GetCurrentCommandId(false),
+								  LockTupleNoKeyExclusive, LockWaitBlock,
+								  TUPLE_LOCK_FLAG_FIND_LAST_VERSION, &tmfd);
+		if (result == TM_Ok)
+		{
+			read_object_row(locked, obj);
+			have = true;
+			break;
+		}
+		/* Our own changes are visible after the increment above. */
+		if (result != TM_Deleted)
+			elog(ERROR, "status_history: unexpected result %d locking an object", (int) result);
+		/* Deleted meanwhile (only by hand): treat as missing. */
+	}
+	index_endscan(scan);
+	UnregisterSnapshot(snapshot);
+	ExecDropSingleTupleTableSlot(found);
+	ExecDropSingleTupleTableSlot(locked);
+	return have;
+}
+
+/*
+ * Insert the object's row; a concurrent creator's row makes this a no-op.
+ * True, with the new row's fence and TID, when this call inserted it.
+ */
+static bool
+insert_object_row(Datum object_id, int64 fence, ShObject *obj)
+{
+	static SPIPlanPtr plan = NULL;
+	Oid			types[2] = {TEXTOID, INT8OID};
+	Datum		args[2] = {object_id, Int64GetDatum(fence)};
+	ShSavedUser saved;
+	bool		created = false;
+	bool		isnull;
+	int			ret;
+
+	SPI_connect();
+	sh_become_owner(sh_relation_oid("objects"), &saved);
+	if (plan == NULL)
+		plan = sh_prepare_kept("INSERT INTO status_history.objects AS o (object_id, fence) VALUES ($1, $2)"
+							   "    ON CONFLICT (object_id) DO NOTHING"
+							   " RETURNING o.fence, o.occurred_at IS NULL, o.ctid",
+							   2, types);
+	ret = sh_execute_own(plan, args, NULL);
+	if (ret != SPI_OK_INSERT_RETURNING)
+		elog(ERROR, "status_history: creating object failed: %s", SPI_result_code_string(ret));
+	/* As inserted: a fence and no report (else read it as any row). */
+	if (SPI_processed == 1 &&
+		DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull)))
+	{
+		HeapTuple	row = SPI_tuptable->vals[0];
+
+		obj->fence = DatumGetInt64(SPI_getbinval(row, SPI_tuptable->tupdesc, 1, &isnull));
+		obj->tid = *(ItemPointer) DatumGetPointer(SPI_getbinval(row, SPI_tuptable->tupdesc, 3, &isnull));
+		created = true;
+	}
+	sh_restore_user(&saved);
+	SPI_finish();
+	return created;
+}
+
+/*
+ * Create the object's row.  True when this call inserted it: a row our
+ * transaction inserted needs no lock (nobody else sees it before we commit,
+ * and a concurrent creator waits for us on the unique index).  False: the
+ * caller locks the row someone else made.
+ *
+ * Under REPEATABLE READ or SERIALIZABLE, ON CONFLICT DO NOTHING fails with
+ * 40001 when the conflicting row was committed after the transaction's
+ * snapshot -- a concurrent first report on the same object, which is no
+ * conflict for us: we lock that row instead, as in READ COMMITTED.  There the
+ * INSERT runs in a subtransaction, and that failure means "created by
+ * someone else" -- once (first_try): a second one is a real serialization
+ * failure (SERIALIZABLE's own checks raise 40001 too), and is raised.
+ */
+static bool
+create_row(Datum object_id, int64 fence, ShObject *obj, bool first_try)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	ResourceOwner owner = CurrentResourceOwner;
+	volatile bool created = false;
+
+	if (!IsolationUsesXactSnapshot())
+		return insert_object_row(object_id, fence, obj);
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(cxt);
+	PG_TRY();
+	{
+		created = insert_object_row(object_id, fence, obj);
+		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(cxt);
+		CurrentResourceOwner = owner;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata = sh_subxact_abort(cxt, owner);
+
+		if (edata->sqlerrcode != ERRCODE_T_R_SERIALIZATION_FAILURE || !first_try)
+			ReThrowError(edata);
+		FreeErrorData(edata);
+	}
+	PG_END_TRY();
+	return created;
+}
+
+/*
+ * Lock the object's row, creating it (with fence new_fence) on its first
+ * report, and read it into obj (which the caller zeroed).  True when this
+ * call created the row: the object has no keys yet.
+ */
+bool
+sh_lock_object(Datum object_id, int64 new_fence, ShObject *obj)
+{
+	Oid			relid = sh_relation_oid("objects");
+	Relation	rel = table_open(relid, RowExclusiveLock);
+	Relation	index = index_open(RelationGetPrimaryKeyIndex(rel), RowExclusiveLock);
+	bool		created = false;
+
+	for (int attempt = 0; !lock_row(rel, index, object_id, obj); attempt++)
+	{
+		if (attempt > 2)
+			elog(ERROR, "status_history: object row vanished while being locked");
+		if (create_row(object_id, new_fence, obj, attempt == 0))
+		{
+			created = true;
+			(void) sh_attnum(RelationGetDescr(rel), "objects", "status_since");
+			break;
+		}
+	}
+	index_close(index, NoLock);
+	table_close(rel, NoLock);
+	return created;
+}
+
+/* Where the columns a key's state needs are in replica_state. */
+typedef struct KeyColumns
+{
+	AttrNumber	replica_id;
+	AttrNumber	last_at;
+	AttrNumber	last_seen_at;
+	AttrNumber	occurred_at;
+	AttrNumber	status;
+	AttrNumber	status_since;
+} KeyColumns;
+
+static void
+key_columns(TupleDesc desc, KeyColumns *cols)
+{
+	cols->replica_id = sh_attnum(desc, "replica_state", "replica_id");
+	cols->last_at = sh_attnum(desc, "replica_state", "last_at");
+	cols->last_seen_at = sh_attnum(desc, "replica_state", "last_seen_at");
+	cols->occurred_at = sh_attnum(desc, "replica_state", "occurred_at");
+	cols->status = sh_attnum(desc, "replica_state", "status");
+	cols->status_since = sh_attnum(desc, "replica_state", "status_since");
+}
+
+/* A key's row as state; its replica_id is copied into cxt. */
+static void
+key_from_slot(TupleTableSlot *slot, const KeyColumns *cols, ShKey *key, MemoryContext cxt)
+{
+	bool		isnull;
+	Datum		replica = slot_getattr(slot, cols->replica_id, &isnull);
+
+	memset(key, 0, sizeof(ShKey));
+	if (!isnull)
+	{
+		MemoryContext old = MemoryContextSwitchTo(cxt);
+
+		key->replica_id = DatumGetTextPCopy(replica);
+		MemoryContextSwitchTo(old);
+	}
+	key->stored = true;
+	key->tid = slot->tts_tid;
+	ItemPointerSetInvalid(&key->last_tid);
+	key->last_at = stamp_or_zero(slot, cols->last_at, &isnull);
+	key->last_seen_at = stamp_or_zero(slot, cols->last_seen_at, &isnull);
+	key->current_at = stamp_or_zero(slot, cols->occurred_at, &isnull);
+	key->has_current = !isnull;
+	key->status_since = stamp_or_zero(slot, cols->status_since, &isnull);
+	if (key->has_current)
+	{
+		Datum		d = slot_getattr(slot, cols->status, &isnull);
+
+		if (!isnull)
+			text_to_cstring_buffer(DatumGetTextPP(d), key->status, sizeof(key->status));
+	}
+}
+
+/*
+ * Read every key of a locked object from replica_state (one range scan of
+ * its unique index), as of now: our own writes and everything committed.
+ * obj->last_at becomes the newest row any of them has folded.
+ */
+void
+sh_read_keys(ShObject *obj, MemoryContext cxt)
+{
+	/*
+	 * ROW EXCLUSIVE, kept to the end: a restore merging rows into
+	 * replica_state (SHARE ROW EXCLUSIVE) then waits for this transaction, or
+	 * this read waits for it -- never a key written here on a read made
+	 * before the restore's rows existed.
+	 */
+	Relation	rel = table_open(sh_relation_oid("replica_state"), RowExclusiveLock);
+	Relation	index = index_open(sh_relation_oid("replica_state_key"), AccessShareLock);
+	TupleTableSlot *slot = table_slot_create(rel, NULL);
+	KeyColumns	cols;
+	Snapshot	snapshot;
+	IndexScanDesc scan;
+	ScanKeyData skey;
+
+	key_columns(RelationGetDescr(rel), &cols);
+	CommandCounterIncrement();	/* see our own latest write */
+	snapshot = RegisterSnapshot(GetLatestSnapshot());
+	scan = index_beginscan(rel, index, snapshot, 1, 0);
+	ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_TEXTEQ, PointerGetDatum(obj->id));
+	skey.sk_collation = index->rd_indcollation[0];
+	index_rescan(scan, &skey, 1, NULL, 0);
+	obj->last_at = obj->has_current ? obj->current_at : 0;
+	while (index_getnext_slot(scan, ForwardScanDirection, slot))
+	{
+		ShKey	   *key;
+
+		if (obj->nkeys == obj->maxkeys)
+		{
+			obj->maxkeys = Max(4, obj->maxkeys * 2);
+			obj->keys = obj->keys == NULL ?
+				MemoryContextAlloc(cxt, obj->maxkeys * sizeof(ShKey)) :
+				repalloc(obj->keys, obj->maxkeys * sizeof(ShKey));
+		}
+		key = &obj->keys[obj->nkeys++];
+		key_from_slot(slot, &cols, key, cxt);
+		obj->last_at = Max(obj->last_at, key->last_at);
+	}
+	index_endscan(scan);
+	UnregisterSnapshot(snapshot);
+	ExecDropSingleTupleTableSlot(slot);
+	index_close(index, AccessShareLock);
+	table_close(rel, NoLock);
+}

@@ -1,0 +1,697 @@
+/*
+ * state.c — the per-object state of this transaction, and the rule that
+ * keeps it true.
+ *
+ * THE RULE: an object's state -- its row in status_history.objects (fence,
+ * current report, status_since) and its keys' rows in replica_state -- is
+ * changed only by folding rows PostgreSQL has stored, as stored.  Nothing
+ * about a row still in flight (its BEFORE triggers, constraints and policies
+ * running, or skipped after all) is ever kept.
+ *
+ * For every object this transaction has locked, an ShObject holds its row as
+ * read when it was locked, with every stored row of the object folded in, in
+ * stamp order, up to last_at.  Stored rows reach it two ways, both reading
+ * the row as stored:
+ *   catch-up   a scan of the history's (object_id, occurred_at) index above
+ *              last_at with SnapshotSelf (our own rows, the current
+ *              statement's included, and committed ones).  The insert trigger
+ *              catches up before it decides anything about a new row, so it
+ *              decides from stored rows only; nobody else can add rows of the
+ *              object meanwhile, we hold its lock.
+ *   AFTER ROW  PostgreSQL queues the event only for a row it stored, with
+ *              the stored tuple, inside the statement's (sub)transaction, also
+ *              when an executor stops early.  The AFTER trigger catches up
+ *              (the row is folded by then), and marks the row settled:
+ *              settled_at = its stamp.  When settled_at reaches last_at, no
+ *              folded row waits for its event any more: the state is written
+ *              back (one row version per object per statement).
+ * A row whose AFTER event finds its stamp at or below settled_at was stored
+ * after rows with later stamps had been folded: an import into the past, or a
+ * report made while another row of the same object was in flight (from one
+ * of its triggers or constraints).  The state is then recomputed from the
+ * stored rows.  Imports into the past are known before they are stored: until
+ * theirs AFTER events come, the object's decisions recompute too.
+ *
+ * Folding checks each row's stale flag as stored against the state before
+ * it: a row stored non-stale below its fence or a floor, or after a dropped
+ * report, is refused (27000), whatever changed it after it was stamped.
+ *
+ * Memory: entries live in the transaction.  A subtransaction that aborts
+ * takes its rows, row locks and writes with it; every entry is discarded and
+ * read again when next needed (what an entry holds beyond its rows is
+ * derivable from stored rows, or was written at once).  Past
+ * status_history.cache_max_objects entries, entries are written back and
+ * dropped.
+ */
+#include "postgres.h"
+
+#include "access/genam.h"
+#include "access/relscan.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/xact.h"
+#include "utils/builtins.h"
+#include "utils/datum.h"
+#include "utils/fmgroids.h"
+#include "utils/guc.h"
+#include "utils/hsearch.h"
+#include "utils/inval.h"
+#include "utils/memutils.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
+
+#include "status_history.h"
+
+/*
+ * status_history.cache_max_objects: entries kept at most; past it they are
+ * written back and dropped (and read again when needed).
+ */
+static int	cache_max_objects = 262144;
+
+static MemoryContext state_cxt = NULL;	/* child of TopTransactionContext */
+static HTAB *objects = NULL;
+static Oid	state_relid = InvalidOid;	/* the objects table the entries describe */
+static bool state_recheck = false;	/* that table may have been dropped */
+static bool writing = false;	/* our own SQL on the state tables is running */
+static bool importing = false;	/* this transaction supplied a stamp (an importer's) */
+
+/* ---- entries ---- */
+
+static void
+state_discard(void)
+{
+	if (state_cxt != NULL)
+		MemoryContextDelete(state_cxt);
+	state_cxt = NULL;
+	objects = NULL;
+}
+
+/* The table the entries describe is gone (DROP and CREATE EXTENSION in one transaction). */
+static void
+state_check_table(void)
+{
+	if (objects != NULL && state_recheck)
+	{
+		state_recheck = false;
+		if (sh_relation_oid_if_exists("objects") != state_relid)
+			state_discard();
+	}
+}
+
+static void
+state_create(void)
+{
+	state_cxt = AllocSetContextCreate(TopTransactionContext, "status_history object state",
+									  ALLOCSET_DEFAULT_SIZES);
+	objects = sh_text_hash_create("status_history object state", sizeof(ShObject), state_cxt);
+	state_relid = sh_relation_oid("objects");
+	state_recheck = false;
+}
+
+/* Write back and drop every entry: always safe, they are read again when needed. */
+static void
+state_shrink(void)
+{
+	HASH_SEQ_STATUS seq;
+	ShObject   *obj;
+
+	hash_seq_init(&seq, objects);
+	while ((obj = hash_seq_search(&seq)) != NULL)
+	{
+		text	   *id = obj->id;
+
+		if (obj->past_imports != NIL)
+			continue;			/* it must remember them */
+		sh_write_object(obj, NULL);
+		if (obj->keys != NULL)
+			pfree(obj->keys);
+		hash_search(objects, &id, HASH_REMOVE, NULL);
+	}
+}
+
+/*
+ * The object's entry: its row locked (created on its first report, with the
+ * fence of a new object), read, its keys read.  The row lock is held to the
+ * end of the transaction; the entry is good until the next call of a
+ * function of this file that may drop entries (another object's lock).
+ */
+ShObject *
+sh_state_lock(Datum object_id)
+{
+	text	   *id = DatumGetTextPP(object_id);
+	ShObject	fresh;
+	ShObject   *obj;
+	bool		found;
+	bool		created;
+	MemoryContext old;
+
+	state_check_table();
+	if (objects == NULL)
+		state_create();
+	obj = hash_search(objects, &id, HASH_FIND, NULL);
+	if (obj != NULL)
+		return obj;
+	if (hash_get_num_entries(objects) >= cache_max_objects)
+		state_shrink();
+
+	/* Locking may run (and roll back) a subtransaction of its own: entries may go. */
+	memset(&fresh, 0, sizeof(fresh));
+	ItemPointerSetInvalid(&fresh.current_tid);
+	fresh.id = id;
+	created = sh_lock_object(object_id, sh_fence_new_object(), &fresh);
+	if (objects == NULL)
+		state_create();
+	old = MemoryContextSwitchTo(state_cxt);
+	fresh.id = DatumGetTextPCopy(object_id);
+	MemoryContextSwitchTo(old);
+	if (!created)
+		sh_read_keys(&fresh, state_cxt);
+	fresh.settled_at = fresh.last_at;
+	obj = hash_search(objects, &fresh.id, HASH_ENTER, &found);
+	*obj = fresh;
+	return obj;
+}
+
+/* The object's key for replica (NULL: the NULL key), or NULL when it has none. */
+ShKey *
+sh_state_key(ShObject *obj, text *replica)
+{
+	for (int i = 0; i < obj->nkeys; i++)
+	{
+		text	   *r = obj->keys[i].replica_id;
+
+		if (r == NULL ? replica == NULL :
+			(replica != NULL && sh_text_key_match(&r, &replica, 0) == 0))
+			return &obj->keys[i];
+	}
+	return NULL;
+}
+
+/* The object's key for replica, added empty when it has none yet. */
+static ShKey *
+key_for(ShObject *obj, text *replica)
+{
+	ShKey	   *key = sh_state_key(obj, replica);
+
+	if (key != NULL)
+		return key;
+	if (obj->nkeys == obj->maxkeys)
+	{
+		obj->maxkeys = Max(4, obj->maxkeys * 2);
+		obj->keys = obj->keys == NULL ?
+			MemoryContextAlloc(state_cxt, obj->maxkeys * sizeof(ShKey)) :
+			repalloc(obj->keys, obj->maxkeys * sizeof(ShKey));
+	}
+	key = &obj->keys[obj->nkeys++];
+	memset(key, 0, sizeof(ShKey));
+	ItemPointerSetInvalid(&key->tid);
+	ItemPointerSetInvalid(&key->last_tid);
+	if (replica != NULL)
+	{
+		MemoryContext old = MemoryContextSwitchTo(state_cxt);
+
+		key->replica_id = DatumGetTextPCopy(PointerGetDatum(replica));
+		MemoryContextSwitchTo(old);
+	}
+	return key;
+}
+
+/* ---- the rules ---- */
+
+/*
+ * Is a report of this generation and status, stamped stamp, whose replica's
+ * floor is floor, stale after the rows folded into obj?  Below the fence or
+ * a floor, from a retired replica, after a (non-stale) dropped report, or a
+ * dropped report older than the current one (dropped is terminal: not before
+ * reports already recorded after it).
+ */
+bool
+sh_state_stale(const ShObject *obj, int64 generation, int64 floor,
+			   const char *status, TimestampTz stamp)
+{
+	return generation < obj->fence || generation < floor || floor == SH_RETIRED ||
+		(obj->has_current && strcmp(obj->status, "dropped") == 0) ||
+		(obj->has_current && stamp < obj->current_at && strcmp(status, "dropped") == 0);
+}
+
+/* A stored row, as the fold reads it. */
+typedef struct StoredRow
+{
+	TimestampTz stamp;
+	ItemPointerData tid;
+	char		status[16];
+	text	   *replica_id;		/* NULL: none (points into the slot) */
+	int64		generation;
+	bool		stale;
+} StoredRow;
+
+static void
+read_stored(TupleTableSlot *slot, StoredRow *row)
+{
+	const ShHistoryCols *c = sh_history_cols(slot->tts_tupleDescriptor);
+	bool		isnull;
+	Datum		d;
+
+	row->stamp = DatumGetTimestampTz(slot_getattr(slot, c->occurred_at, &isnull));
+	row->tid = slot->tts_tid;
+	row->status[0] = '\0';
+	d = slot_getattr(slot, c->status, &isnull);
+	if (!isnull)
+		text_to_cstring_buffer(DatumGetTextPP(d), row->status, sizeof(row->status));
+	d = slot_getattr(slot, c->replica_id, &isnull);
+	row->replica_id = isnull ? NULL : DatumGetTextPP(d);
+	row->generation = DatumGetInt64(slot_getattr(slot, c->generation, &isnull));
+	row->stale = DatumGetBool(slot_getattr(slot, c->stale, &isnull));
+}
+
+/* A row stored non-stale that the rules make stale: refuse the statement. */
+static void
+refuse_verdict(const ShObject *obj, const StoredRow *row, const char *why)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_TRIGGERED_DATA_CHANGE_VIOLATION),
+			 errmsg("report on object \"%s\" stamped %s was stored as not stale, but %s",
+					text_to_cstring(obj->id), timestamptz_to_str(row->stamp), why),
+			 errdetail("Its generation, replica, status or stale flag was changed after the extension decided it was current, or a report on the same object was made while it was being inserted."),
+			 errhint("Do not change these columns in a trigger that fires after history_insert, and report on an object from its own statement, not from a trigger or constraint of another report on it.")));
+}
+
+/* Fold one stored row, newer than every row folded so far, into obj. */
+static void
+fold(ShObject *obj, TupleTableSlot *slot)
+{
+	StoredRow	row;
+	ShKey	   *key;
+
+	read_stored(slot, &row);
+	if (!row.stale && !importing)
+	{
+		int64		floor = sh_fence_floor(PointerGetDatum(row.replica_id), row.replica_id == NULL);
+
+		if (sh_state_stale(obj, row.generation, floor, row.status, row.stamp))
+			refuse_verdict(obj, &row, "it is below the object's fence or a floor, from a retired replica, or after a dropped report");
+	}
+	key = key_for(obj, row.replica_id);
+	key->last_at = row.stamp;
+	key->last_tid = row.tid;
+	/* A controller's re-stamped copy is not a sighting of the replica. */
+	if (!sh_fence_in_reconnect())
+		key->last_seen_at = Max(key->last_seen_at, row.stamp);
+	key->dirty = true;
+	if (!row.stale)
+	{
+		if (!key->has_current || strcmp(key->status, row.status) != 0)
+			key->status_since = row.stamp;
+		key->has_current = true;
+		key->current_at = row.stamp;
+		strlcpy(key->status, row.status, sizeof(key->status));
+		if (!obj->has_current || strcmp(obj->status, row.status) != 0)
+			obj->status_since = row.stamp;
+		obj->has_current = true;
+		obj->current_at = row.stamp;
+		obj->current_tid = row.tid;
+		strlcpy(obj->status, row.status, sizeof(obj->status));
+		obj->dirty = true;
+	}
+	obj->last_at = row.stamp;
+}
+
+/* An index scan of the object's stored rows (SnapshotSelf), above after when after > 0. */
+typedef struct RowScan
+{
+	Relation	rel;
+	Relation	index;
+	IndexScanDesc scan;
+	TupleTableSlot *slot;
+} RowScan;
+
+static void
+rows_begin(RowScan *s, ShObject *obj, TimestampTz after)
+{
+	ScanKeyData keys[2];
+
+	s->rel = table_open(sh_relation_oid("history"), AccessShareLock);
+	s->index = index_open(sh_relation_oid("history_object_idx"), AccessShareLock);
+	s->slot = table_slot_create(s->rel, NULL);
+	ScanKeyInit(&keys[0], 1, BTEqualStrategyNumber, F_TEXTEQ, PointerGetDatum(obj->id));
+	keys[0].sk_collation = s->index->rd_indcollation[0];
+	ScanKeyInit(&keys[1], 2, BTGreaterStrategyNumber, F_TIMESTAMP_GT, TimestampTzGetDatum(after));
+	s->scan = index_beginscan(s->rel, s->index, SnapshotSelf, after > 0 ? 2 : 1, 0);
+	index_rescan(s->scan, keys, after > 0 ? 2 : 1, NULL, 0);
+}
+
+static void
+rows_end(RowScan *s)
+{
+	index_endscan(s->scan);
+	ExecDropSingleTupleTableSlot(s->slot);
+	index_close(s->index, AccessShareLock);
+	table_close(s->rel, AccessShareLock);
+}
+
+/*
+ * Recompute obj from its stored rows (a walk of all of them, newest first):
+ * the definition of the state.  Keys keep their rows and last_seen_at (a
+ * repeat leaves no row); a key first seen here gets its newest row's stamp.
+ */
+static void
+recompute(ShObject *obj)
+{
+	RowScan		s;
+	bool		obj_open = false;
+	bool	   *open;
+	int			maxopen;
+
+	for (int i = 0; i < obj->nkeys; i++)
+	{
+		ShKey	   *k = &obj->keys[i];
+
+		k->last_at = k->current_at = k->status_since = 0;
+		k->has_current = false;
+		k->status[0] = '\0';
+		ItemPointerSetInvalid(&k->last_tid);
+		k->dirty = true;
+	}
+	obj->has_current = false;
+	obj->current_at = obj->status_since = obj->last_at = 0;
+	obj->status[0] = '\0';
+	ItemPointerSetInvalid(&obj->current_tid);
+	maxopen = Max(obj->nkeys, 4);
+	open = palloc0(maxopen * sizeof(bool));
+
+	CommandCounterIncrement();	/* nothing of ours is hidden by the command counter */
+	rows_begin(&s, obj, 0);
+	while (index_getnext_slot(s.scan, ForwardScanDirection, s.slot))
+	{
+		StoredRow	row;
+		ShKey	   *key;
+		int			k;
+
+		read_stored(s.slot, &row);
+		if (obj->last_at == 0)
+			obj->last_at = row.stamp;
+		key = key_for(obj, row.replica_id);
+		k = key - obj->keys;
+		if (k >= maxopen)
+		{
+			open = repalloc(open, 2 * (k + 1) * sizeof(bool));
+			memset(open + maxopen, 0, (2 * (k + 1) - maxopen) * sizeof(bool));
+			maxopen = 2 * (k + 1);
+		}
+		if (key->last_at == 0)
+		{
+			key->last_at = row.stamp;
+			key->last_tid = row.tid;
+			key->last_seen_at = Max(key->last_seen_at, key->stored ? 0 : row.stamp);
+			key->dirty = true;
+		}
+		if (row.stale)
+			continue;
+		if (!key->has_current)
+		{
+			key->has_current = open[k] = true;
+			key->current_at = key->status_since = row.stamp;
+			strlcpy(key->status, row.status, sizeof(key->status));
+		}
+		else if (open[k])
+		{
+			if (strcmp(key->status, row.status) == 0)
+				key->status_since = row.stamp;
+			else
+				open[k] = false;
+		}
+		if (!obj->has_current)
+		{
+			obj->has_current = obj_open = true;
+			obj->current_at = obj->status_since = row.stamp;
+			obj->current_tid = row.tid;
+			strlcpy(obj->status, row.status, sizeof(obj->status));
+		}
+		else if (obj_open)
+		{
+			if (strcmp(obj->status, row.status) == 0)
+				obj->status_since = row.stamp;
+			else
+				obj_open = false;
+		}
+	}
+	rows_end(&s);
+	pfree(open);
+	obj->dirty = true;
+	obj->settled_at = obj->last_at;
+}
+
+/*
+ * Fold every stored row of obj above last_at, oldest first.  While an import
+ * into the past may be stored and not yet folded, recompute instead.
+ */
+void
+sh_state_catch_up(ShObject *obj)
+{
+	RowScan		s;
+
+	if (obj->past_imports != NIL)
+	{
+		recompute(obj);
+		return;
+	}
+	rows_begin(&s, obj, obj->last_at);
+	/* The index is by occurred_at DESC: backwards is oldest first. */
+	while (index_getnext_slot(s.scan, BackwardScanDirection, s.slot))
+		fold(obj, s.slot);
+	rows_end(&s);
+}
+
+/* The insert trigger is about to let an import below last_at be stored. */
+void
+sh_state_past_import(ShObject *obj, TimestampTz stamp)
+{
+	MemoryContext old = MemoryContextSwitchTo(state_cxt);
+	TimestampTz *p = palloc(sizeof(TimestampTz));
+
+	*p = stamp;
+	obj->past_imports = lappend(obj->past_imports, p);
+	MemoryContextSwitchTo(old);
+}
+
+/* This transaction imports (supplies stamps and stale flags): importers' flags are kept. */
+void
+sh_state_note_import(void)
+{
+	importing = true;
+}
+
+/* Forget the import stamped stamp: its row has arrived. */
+static void
+forget_past_import(ShObject *obj, TimestampTz stamp)
+{
+	ListCell   *lc;
+
+	foreach(lc, obj->past_imports)
+	{
+		TimestampTz *p = (TimestampTz *) lfirst(lc);
+
+		if (*p == stamp)
+		{
+			obj->past_imports = foreach_delete_current(obj->past_imports, lc);
+			pfree(p);
+			return;
+		}
+	}
+}
+
+/*
+ * SQL's AFTER INSERT FOR EACH ROW on the history (history.c): the stored row
+ * tuple has arrived.  Settle it, and write the object back when no folded
+ * row waits for its event any more.
+ */
+void
+sh_state_after_row(HeapTuple tuple, TupleDesc desc)
+{
+	const ShHistoryCols *c = sh_history_cols(desc);
+	TupleTableSlot *slot = MakeSingleTupleTableSlot(desc, &TTSOpsHeapTuple);
+	ShObject   *obj;
+	TimestampTz stamp;
+	bool		isnull;
+	bool		in_order = false;
+
+	ExecStoreHeapTuple(tuple, slot, false);
+	stamp = DatumGetTimestampTz(slot_getattr(slot, c->occurred_at, &isnull));
+	obj = sh_state_lock(slot_getattr(slot, c->object_id, &isnull));
+	if (obj->past_imports != NIL)
+		forget_past_import(obj, stamp);		/* (and recompute below) */
+	else
+	{
+		sh_state_catch_up(obj);
+		if (stamp > obj->last_at)
+			elog(ERROR, "status_history: a stored row was not found by its object's index");
+		in_order = stamp > obj->settled_at;
+	}
+	if (in_order)
+		obj->settled_at = stamp;
+	else
+	{
+		/* Stored after rows with later stamps were folded: out of order. */
+		StoredRow	row;
+
+		read_stored(slot, &row);
+		recompute(obj);
+		if (!row.stale && !importing && strcmp(row.status, "dropped") == 0 &&
+			row.stamp < obj->current_at)
+			refuse_verdict(obj, &row, "later reports on the object were recorded before it");
+	}
+	if (obj->settled_at == obj->last_at)
+		sh_write_object(obj, slot);
+	ExecDropSingleTupleTableSlot(slot);
+}
+
+/* A repeat: the key reported again what it reported last (no row).  Written at once. */
+void
+sh_state_seen(ShObject *obj, ShKey *key, TimestampTz seen)
+{
+	key->last_seen_at = Max(key->last_seen_at, seen);
+	key->dirty = true;
+	sh_write_object(obj, NULL);
+}
+
+/*
+ * reconnect(): raise the fence of every listed object (locked already) to
+ * at least fence, and write it at once: a fence is no function of stored
+ * rows, so no state may hold it unwritten.
+ */
+void
+sh_state_raise_fences(Datum *ids, int n, int64 fence)
+{
+	ShFenceWriter *w;
+
+	if (n == 0)
+		return;
+	w = sh_fence_writer_begin();
+	for (int i = 0; i < n; i++)
+	{
+		ShObject   *obj = sh_state_lock(ids[i]);
+
+		if (obj->fence >= fence)
+			continue;
+		obj->fence = fence;
+		sh_write_fence(w, obj);
+	}
+	sh_fence_writer_end(w);
+}
+
+/*
+ * Write back every entry that differs from its rows: before SQL reads the
+ * state tables (reconnect(), retire_replica(), prune()), and at commit
+ * (where nothing is normally left to write: the last AFTER event of each
+ * statement wrote its objects).
+ */
+void
+sh_state_settle(void)
+{
+	HASH_SEQ_STATUS seq;
+	ShObject   *obj;
+
+	state_check_table();
+	if (objects == NULL || writing)
+		return;
+	hash_seq_init(&seq, objects);
+	while ((obj = hash_seq_search(&seq)) != NULL)
+		sh_write_object(obj, NULL);
+}
+
+/* Settle and forget every entry: someone else's SQL is about to change the state tables. */
+void
+sh_state_invalidate(void)
+{
+	sh_state_settle();
+	state_discard();
+}
+
+/* Run one of our own statements on our tables, without tripping the guards. */
+int
+sh_execute_own(SPIPlanPtr plan, Datum *args, const char *nulls)
+{
+	int			ret;
+	bool		was_writing = writing;
+
+	writing = true;
+	PG_TRY();
+	{
+		ret = sh_execute_latest(plan, args, nulls, false, 0);
+	}
+	PG_FINALLY();
+	{
+		writing = was_writing;
+	}
+	PG_END_TRY();
+	return ret;
+}
+
+/* True while the extension's own SQL writes its tables. */
+bool
+sh_own_write(void)
+{
+	return writing;
+}
+
+/* ---- transaction boundaries ---- */
+
+static void
+state_xact_callback(XactEvent event, void *arg)
+{
+	switch (event)
+	{
+		case XACT_EVENT_PRE_COMMIT:
+			sh_state_settle();
+			sh_notify_pre_commit();
+			break;
+		case XACT_EVENT_PRE_PREPARE:
+			sh_state_settle();
+			sh_notify_reset();	/* a prepared transaction may not NOTIFY */
+			break;
+		case XACT_EVENT_PARALLEL_PRE_COMMIT:
+			break;
+		default:
+			/* The memory is gone with the transaction. */
+			state_cxt = NULL;
+			objects = NULL;
+			writing = false;
+			importing = false;
+			sh_notify_reset();
+			break;
+	}
+}
+
+static void
+state_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+					   SubTransactionId parentSubid, void *arg)
+{
+	if (event == SUBXACT_EVENT_ABORT_SUB || event == SUBXACT_EVENT_COMMIT_SUB)
+		sh_notify_subxact(event == SUBXACT_EVENT_COMMIT_SUB);
+	/* Its rows, locks and writes are gone: so is everything read or folded since. */
+	if (event == SUBXACT_EVENT_ABORT_SUB)
+	{
+		state_discard();
+		writing = false;
+	}
+}
+
+static void
+state_relcache_callback(Datum arg, Oid relid)
+{
+	if (relid == InvalidOid || relid == state_relid)
+		state_recheck = true;
+}
+
+void
+sh_state_init(void)
+{
+	DefineCustomIntVariable("status_history.cache_max_objects",
+							"Objects whose state one transaction keeps in memory.",
+							"Past it, states are written back and forgotten, and read again when needed.",
+							&cache_max_objects, 262144, 1, INT_MAX / 2,
+							PGC_USERSET, 0, NULL, NULL, NULL);
+	RegisterXactCallback(state_xact_callback, NULL);
+	RegisterSubXactCallback(state_subxact_callback, NULL);
+	CacheRegisterRelcacheCallback(state_relcache_callback, (Datum) 0);
+}
