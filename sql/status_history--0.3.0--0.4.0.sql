@@ -27,3 +27,5 @@ CREATE TRIGGER history_fold
 ALTER TABLE status_history.history ENABLE ALWAYS TRIGGER history_fold;
 COMMENT ON FUNCTION status_history.history_insert_trigger() IS
     'Validates a report, serializes it per object, stamps it, and decides from stored reports whether it is stale (fenced) or a repeat.';
+-- Not for PUBLIC, as every function of a fresh install but the granted ones.
+REVOKE ALL ON FUNCTION status_history.history_fold_trigger() FROM PUBLIC;

@@ -19,6 +19,100 @@ CREATE EXTENSION plperl;
 CREATE EXTENSION status_history;
 CREATE SCHEMA sh;
 
+-- Reports made while a row of the history is being inserted: from a CHECK
+-- constraint, a row security policy, a generated column, BEFORE triggers
+-- before and after the extension's (the later one may also change the row
+-- or skip it), an AFTER ROW trigger and an AFTER STATEMENT trigger with a
+-- transition table.  Each acts only inside sh.nesting() or sh.as_rls() (the
+-- setting sh.nest), on rows whose error says what to do:
+-- '<how>:<objects>:<status>:<depth>' reports that status on the first of the
+-- objects (a /-separated list), with error '<how>:<the rest, rotated>:<status>:<depth - 1>'
+-- while depth > 1; 'chg:gen:<n>' and 'chg:rep:<id>' change the row's
+-- generation or replica after the extension decided it; 'skip' skips it.
+CREATE FUNCTION sh.nested_report(how text, err text, gen bigint) RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    p text[];
+    objs text[];
+    depth integer;
+BEGIN
+    IF current_setting('sh.nest', true) IS DISTINCT FROM 'on' OR err IS NULL
+       OR err NOT LIKE how || ':%' THEN
+        RETURN true;
+    END IF;
+    p := string_to_array(err, ':');
+    objs := string_to_array(p[2], '/');
+    depth := coalesce(p[4]::integer, 1);
+    PERFORM status_history.report(objs[1], p[3],
+        CASE WHEN depth > 1
+             THEN format('%s:%s:%s:%s', how,
+                         array_to_string(objs[2:] || objs[1:1], '/'), p[3], depth - 1)
+             ELSE 'nested ' || how END,
+        generation => gen);
+    RETURN true;
+END $$;
+CREATE FUNCTION sh.nested_report_imm(how text, err text, gen bigint) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$ SELECT sh.nested_report(how, err, gen) $$;
+-- Run a statement with the nested reports on.
+CREATE FUNCTION sh.nesting(q text) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM set_config('sh.nest', 'on', true);
+    EXECUTE q;
+    PERFORM set_config('sh.nest', 'off', true);
+END $$;
+CREATE FUNCTION sh.nest_before() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM sh.nested_report(TG_ARGV[0], NEW.error, NEW.generation);
+    IF TG_ARGV[0] = 'bt' AND current_setting('sh.nest', true) = 'on' THEN
+        IF NEW.error = 'skip' THEN
+            RETURN NULL;
+        ELSIF NEW.error LIKE 'chg:gen:%' THEN
+            NEW.generation := split_part(NEW.error, ':', 3)::bigint;
+        ELSIF NEW.error LIKE 'chg:rep:%' THEN
+            NEW.replica_id := split_part(NEW.error, ':', 3);
+        END IF;
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE FUNCTION sh.nest_after() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_LEVEL = 'ROW' THEN
+        PERFORM sh.nested_report('af', NEW.error, NEW.generation);
+    ELSE
+        PERFORM sh.nested_report('as', n.error, n.generation) FROM new_rows AS n;
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER a_nest_before BEFORE INSERT ON status_history.history
+    FOR EACH ROW EXECUTE FUNCTION sh.nest_before('ab');
+CREATE TRIGGER zz_nest_before BEFORE INSERT ON status_history.history
+    FOR EACH ROW EXECUTE FUNCTION sh.nest_before('bt');
+CREATE TRIGGER zz_nest_after AFTER INSERT ON status_history.history
+    FOR EACH ROW EXECUTE FUNCTION sh.nest_after();
+CREATE TRIGGER zz_nest_stmt AFTER INSERT ON status_history.history REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION sh.nest_after();
+ALTER TABLE status_history.history ADD CONSTRAINT sh_nest_check
+    CHECK (sh.nested_report('ck', error, generation)) NOT VALID;
+ALTER TABLE status_history.history ADD COLUMN sh_nest_gen boolean
+    GENERATED ALWAYS AS (sh.nested_report_imm('gen', error, generation)) STORED;
+-- Row security applies to sh_rls, not to superusers: its statements run
+-- through sh.as_rls(), a function it owns.
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'sh_rls') THEN CREATE ROLE sh_rls; END IF;
+END $$;
+GRANT USAGE ON SCHEMA sh TO sh_rls;
+GRANT INSERT ON status_history.history TO sh_rls;
+ALTER TABLE status_history.history ENABLE ROW LEVEL SECURITY;
+CREATE POLICY sh_nest_policy ON status_history.history FOR INSERT TO sh_rls
+    WITH CHECK (sh.nested_report('pol', error, generation));
+CREATE FUNCTION sh.as_rls(q text) RETURNS void LANGUAGE plpgsql SECURITY DEFINER AS $$
+BEGIN
+    PERFORM set_config('sh.nest', 'on', true);
+    EXECUTE q;
+    PERFORM set_config('sh.nest', 'off', true);
+END $$;
+ALTER FUNCTION sh.as_rls(text) OWNER TO sh_rls;
+
+
 -- ===========================================================================
 -- Shadow state, written by the test's own wrappers in the same
 -- (sub)transaction as the statement, so a rollback undoes both alike.
@@ -161,17 +255,22 @@ CREATE VIEW sh.expected AS
 -- report (rep NULL), or of the newest non-stale report of replica rep (none
 -- when it has none), with generation g.
 -- ===========================================================================
-CREATE FUNCTION sh.row_text(h status_history.history) RETURNS text
+CREATE FUNCTION sh.fields_text(o text, st text, err text, det jsonb, rep text, gen bigint,
+                               rat timestamptz) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT format('(%s, %s, error %s, details %s, replica %s, gen %s, reported_at %s)',
-                  h.object_id, h.status, coalesce(h.error, '-'), coalesce(h.details::text, '-'),
-                  coalesce(h.replica_id, '-'), h.generation, coalesce(h.reported_at::text, '-'))
+                  o, st, coalesce(err, '-'), coalesce(det::text, '-'),
+                  coalesce(rep, '-'), gen, coalesce(rat::text, '-'))
+$$;
+CREATE FUNCTION sh.row_text(h status_history.history) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT sh.fields_text(h.object_id, h.status, h.error, h.details, h.replica_id, h.generation,
+                          h.reported_at)
 $$;
 
 CREATE FUNCTION sh.expected_restamps(g bigint, rep text, scope text[]) RETURNS SETOF text
 LANGUAGE sql STABLE AS $$
-    SELECT sh.row_text(ROW(NULL, s.id, x.status, x.error, x.details, x.replica_id, g,
-                           x.reported_at, false)::status_history.history)
+    SELECT sh.fields_text(s.id, x.status, x.error, x.details, x.replica_id, g, x.reported_at)
       FROM unnest(scope) AS s(id)
      CROSS JOIN LATERAL sh.current(s.id) AS c
      CROSS JOIN LATERAL (
@@ -270,30 +369,52 @@ BEGIN
            (e.occurred_at, e.status, e.error, e.details, e.replica_id, e.generation,
             e.reported_at, e.status_since, e.fence)
     ;
-    -- latest() against the same
+    -- latest() against the same (the history's own columns: latest() has
+    -- NULL in the column the harness adds)
     RETURN QUERY
-    SELECT 'latest(): returns ' || sh.row_text(x) || ' at ' || x.occurred_at
-      FROM (SELECT * FROM status_history.latest(include_dropped => true)
-            EXCEPT ALL SELECT * FROM sh.current_rows) AS x
+    WITH l AS (SELECT occurred_at, object_id, status, error, details, replica_id, generation,
+                      reported_at, stale
+                 FROM status_history.latest(include_dropped => true)),
+         c AS (SELECT occurred_at, object_id, status, error, details, replica_id, generation,
+                      reported_at, stale
+                 FROM sh.current_rows)
+    SELECT 'latest(): returns ' || sh.fields_text(x.object_id, x.status, x.error, x.details,
+                                                  x.replica_id, x.generation, x.reported_at)
+           || ' at ' || x.occurred_at
+      FROM (SELECT * FROM l EXCEPT ALL SELECT * FROM c) AS x
     UNION ALL
-    SELECT 'latest(): lacks ' || sh.row_text(x) || ' at ' || x.occurred_at
-      FROM (SELECT * FROM sh.current_rows
-            EXCEPT ALL SELECT * FROM status_history.latest(include_dropped => true)) AS x;
-    -- the stale flag of every new row: below the fence in force, after a
-    -- non-stale dropped (dropped is terminal), or supplied (error 'forced')
+    SELECT 'latest(): lacks ' || sh.fields_text(x.object_id, x.status, x.error, x.details,
+                                                x.replica_id, x.generation, x.reported_at)
+           || ' at ' || x.occurred_at
+      FROM (SELECT * FROM c EXCEPT ALL SELECT * FROM l) AS x;
+    -- the stale flag of every new row, from the rules applied to the stored
+    -- rows in stamp order (never from the stored flags): supplied (error
+    -- 'forced'), below the fence and floors in force at its stamp, or after
+    -- the object's first dropped report that is not stale itself.  A row a
+    -- later trigger changed ('chg:...') may keep the stale verdict decided
+    -- for it before the change: the extension refuses only the other way.
     RETURN QUERY
+    WITH r AS MATERIALIZED (
+        SELECT h.occurred_at, h.object_id, h.status, h.stale, sh.row_text(h) AS txt,
+               h.error IS NOT DISTINCT FROM 'forced' OR (coalesce(h.error LIKE 'chg:%', false) AND h.stale) AS forced,
+               sh.report_fence(h.object_id, h.replica_id, h.occurred_at) AS fence, h.generation
+          FROM status_history.history AS h
+         WHERE h.occurred_at > since OR h.status = 'dropped'
+    ), d AS (
+        SELECT r.object_id, min(r.occurred_at) AS dropped_at
+          FROM r WHERE r.status = 'dropped' AND NOT r.forced AND r.generation >= r.fence
+         GROUP BY r.object_id
+    ), x AS (
+        SELECT r.*, r.generation < r.fence AS fenced,
+               coalesce(r.occurred_at > d.dropped_at, false) AS after_dropped
+          FROM r LEFT JOIN d ON d.object_id = r.object_id
+         WHERE r.occurred_at > since
+    )
     SELECT format('history row %s at %s: stale = %s, expected %s (fence and floors in force %s, after dropped %s, supplied %s)',
-                  x.txt, x.occurred_at, x.stale, x.want, x.fence, x.after_dropped, x.forced)
-      FROM (SELECT sh.row_text(h) AS txt, h.occurred_at, h.stale, f.fence, d.after_dropped, h.error IS NOT DISTINCT FROM 'forced' AS forced,
-                   (h.error IS NOT DISTINCT FROM 'forced' OR h.generation < f.fence OR d.after_dropped) AS want
-              FROM status_history.history AS h
-             CROSS JOIN LATERAL (SELECT sh.report_fence(h.object_id, h.replica_id, h.occurred_at) AS fence) AS f
-             CROSS JOIN LATERAL (SELECT EXISTS (SELECT FROM status_history.history AS h2
-                                                 WHERE h2.object_id = h.object_id AND NOT h2.stale
-                                                   AND h2.status = 'dropped'
-                                                   AND h2.occurred_at < h.occurred_at) AS after_dropped) AS d
-             WHERE h.occurred_at > since) AS x
-     WHERE x.stale IS DISTINCT FROM x.want
+                  x.txt, x.occurred_at, x.stale, x.forced OR x.fenced OR x.after_dropped,
+                  x.fence, x.after_dropped, x.forced)
+      FROM x
+     WHERE x.stale IS DISTINCT FROM (x.forced OR x.fenced OR x.after_dropped)
     ;
     -- every row a reconnect() returned is in the history
     RETURN QUERY
@@ -483,7 +604,7 @@ my %EXPECTED_SQLSTATE = map { $_ => 1 } qw(00000 22023 23502 22004 23505 0A000 S
 # undef when the statement's outcome is acceptable, else why not.
 sub classify
 {
-	my ($r) = @_;
+	my ($r, $st) = @_;
 	return "the session died (server crash?): $r->{dead}" if $r->{dead};
 	my $state = $r->{sqlstate} // '';
 	return "the reconnect() wrapper found a disagreement ($state)" if $state =~ /^SHF/;
@@ -499,6 +620,9 @@ sub classify
 		return undef;
 	}
 	return undef if $EXPECTED_SQLSTATE{$state};
+	# A report on an object made while a row of it is in flight, or a row
+	# changed after the extension decided it, may be refused.
+	return undef if $state eq '27000' && $st->{nests};
 	return undef if $state eq '25001' && $r->{err} =~ /sh-reconnect\(/;
 	return "unexpected error class " . ($state eq '' ? '(none)' : $state);
 }
@@ -691,6 +815,9 @@ my %SHAPES = (
 	cache_size => [ 2, \&cache_size ],
 	refused_change => [ 1, \&refused_change ],
 	report_many => [ 4, \&report_many ],    # only where the build has report_many()
+	nested => [ 9, \&nested ],
+	nested_rls => [ 3, \&nested_rls ],
+	merge => [ 4, \&merge ],
 );
 my @SHAPE_NAMES = sort keys %SHAPES;
 sub shape_names { return @SHAPE_NAMES; }
@@ -706,8 +833,8 @@ sub statement
 	{
 		$x -= $SHAPES{$name}[0];
 		next if $x >= 0;
-		my ($kind, $sql) = $SHAPES{$name}[1]->($s);
-		return { kind => $kind // $name, sql => $sql };
+		my ($kind, $sql, %extra) = $SHAPES{$name}[1]->($s);
+		return { kind => $kind // $name, sql => $sql, %extra };
 	}
 	die 'unreachable';
 }
@@ -958,6 +1085,81 @@ sub report_many
 		"INSERT INTO $HISTORY (object_id, status) SELECT r.object_id, " . lit(status()) . " FROM $call AS r;")
 	  if chance(0.3);
 	return ('report_many', "SELECT count(*) FROM $call;");
+}
+
+# ---- reports made while a row is in flight (the harness's sh.nested_report) ----
+# An error that tells the nesting machinery what to do with the row: report
+# on other objects (or its own) from a constraint, policy, generated column
+# or trigger, possibly 40 levels deep; or change or skip the row after the
+# extension decided it.
+sub nest_marker
+{
+	my ($s, $own, $rls) = @_;
+	my $x = rand;
+	return undef if $x < 0.3;
+	if ($x < 0.42)
+	{
+		return pick('chg:gen:' . clamp($s->{G} + pick(-2, -1, 0, 1)), 'chg:rep:' . pick(qw(r1 r2 r3)), 'skip');
+	}
+	my $how = pick(qw(ck gen ab bt bt af as), $rls ? qw(pol pol) : ());
+	my @objs = map { chance(0.3) ? $own : pick(@{ $s->{slots} }) } 1 .. 1 + int rand 3;
+	my $depth = chance(0.06) ? 40 : 1 + int rand 3;
+	my $st = chance(0.08) ? 'dropped' : pick(@STATUSES);
+	return join(':', $how, join('/', @objs), $st, $depth);
+}
+
+sub nested_rows
+{
+	my ($s, $rls) = @_;
+	return [ map {
+		my $r = $s->row(stale => 0);
+		$r->{err} = $s->nest_marker($r->{o}, $rls);
+		$r;
+	} 1 .. 1 + int rand 5 ];
+}
+
+sub nested_statement
+{
+	my ($s, $rows) = @_;
+	my $v = int rand 3;
+	return "INSERT INTO $HISTORY " . colnames('full') . ' ' . values_list($rows, 'full') if $v == 0;
+	my $src = '(VALUES ' . join(', ', map {
+		typed($_->{o}, 'text', $_->{st}, 'text', $_->{err}, 'text', $_->{rep}, 'text', $_->{gen}, 'bigint')
+	} @$rows) . ') AS v(o, s, e, r, g)';
+	return "INSERT INTO $HISTORY (object_id, status, error, replica_id, generation)"
+	  . " SELECT v.o, v.s, v.e, v.r, v.g FROM $src" if $v == 1;
+	return "MERGE INTO $HISTORY AS h USING $src ON false WHEN NOT MATCHED THEN"
+	  . ' INSERT (object_id, status, error, replica_id, generation) VALUES (v.o, v.s, v.e, v.r, v.g)';
+}
+
+sub nested
+{
+	my ($s) = @_;
+	my $q = $s->nested_statement($s->nested_rows(0));
+	my ($kind) = $q =~ /^(INSERT|MERGE)/;
+	return ('nested_' . lc($kind), "SELECT sh.nesting(\$q\$$q\$q\$);", nests => 1);
+}
+
+# The same as a role row security applies to (its WITH CHECK policy reports too).
+sub nested_rls
+{
+	my ($s) = @_;
+	my $rows = $s->nested_rows(1);
+	my $q = "INSERT INTO $HISTORY " . colnames('full') . ' ' . values_list($rows, 'full');
+	return (undef, "SELECT sh.as_rls(\$q\$$q\$q\$);", nests => 1);
+}
+
+# MERGE ... WHEN NOT MATCHED THEN INSERT, without nesting.
+sub merge
+{
+	my ($s) = @_;
+	my $rows = $s->rows(1, 4);
+	my $src = '(VALUES ' . join(', ', map {
+		typed($_->{o}, 'text', $_->{st}, 'text', $_->{err}, 'text', $_->{rep}, 'text', $_->{gen}, 'bigint')
+	} @$rows) . ') AS v(o, s, e, r, g)';
+	return (undef, "MERGE INTO $HISTORY AS h USING $src ON h.occurred_at = '-infinity'"
+		  . ' WHEN NOT MATCHED THEN INSERT (object_id, status, error, replica_id, generation)'
+		  . ' VALUES (v.o, v.s, v.e, v.r, v.g);');
 }
 
 sub cache_size

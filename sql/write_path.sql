@@ -1,0 +1,200 @@
+-- The write path: only rows PostgreSQL stored decide an object's state
+-- (docs/WRITE_PATH.md).  Each case below made an acknowledged report vanish
+-- or go stale in 0.3.0, which decided the state in the BEFORE trigger from
+-- rows that might never be stored.
+CREATE EXTENSION status_history;
+
+\i sql/oracle.psql
+
+-- 1. A row skipped by ON CONFLICT DO NOTHING, with a row of another object
+--    between it and the next row of its object, decides nothing: 'stalled'
+--    is not "after dropped", and becomes current.
+CREATE UNIQUE INDEX report_idem ON status_history.history (object_id, reported_at);
+INSERT INTO status_history.history (object_id, status, reported_at)
+VALUES ('a', 'running', '2026-01-01 00:00:00+00');
+INSERT INTO status_history.history (object_id, status, reported_at) VALUES
+    ('a', 'dropped', '2026-01-01 00:00:00+00'),
+    ('b', 'running', '2026-01-01 00:00:05+00'),
+    ('a', 'stalled', '2026-01-01 00:00:10+00')
+ON CONFLICT DO NOTHING;
+SELECT object_id, status, stale FROM status_history.history ORDER BY occurred_at;
+SELECT object_id, status FROM status_history.statuses ORDER BY object_id;
+-- The same skip by a BEFORE trigger of the user's that returns NULL.
+CREATE FUNCTION public.skip_dropped() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN IF NEW.status = 'dropped' THEN RETURN NULL; END IF; RETURN NEW; END $$;
+CREATE TRIGGER zz_skip BEFORE INSERT ON status_history.history
+    FOR EACH ROW EXECUTE FUNCTION public.skip_dropped();
+INSERT INTO status_history.history (object_id, status, reported_at) VALUES
+    ('a', 'dropped', '2026-01-01 00:01:00+00'),
+    ('b', 'stalled', '2026-01-01 00:01:05+00'),
+    ('a', 'running', '2026-01-01 00:01:10+00');
+SELECT object_id, status, stale FROM status_history.history
+ WHERE reported_at >= '2026-01-01 00:01:00+00' ORDER BY occurred_at;
+DROP TRIGGER zz_skip ON status_history.history;
+DROP FUNCTION public.skip_dropped();
+DROP INDEX status_history.report_idem;
+SELECT state_mismatches() AS after_skips;
+
+-- 2. A report made while another row is in flight at the same trigger depth
+--    (from a CHECK constraint) leaves both objects' states right.
+CREATE FUNCTION public.audit(o text, s text) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN IF o = 'ck1' THEN PERFORM status_history.report('audit-log', s); END IF; RETURN true; END $$;
+ALTER TABLE status_history.history ADD CONSTRAINT audited CHECK (public.audit(object_id, status)) NOT VALID;
+SELECT status FROM status_history.report('ck1', 'running');
+SELECT object_id, status FROM status_history.statuses WHERE object_id IN ('ck1', 'audit-log') ORDER BY 1;
+-- ... and when the report from the constraint is on the object in flight: its
+-- row is stored first, then the outer row, which is older: both are kept and
+-- the state is computed from both.
+CREATE OR REPLACE FUNCTION public.audit(o text, s text) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN IF o = 'ck2' AND s = 'running' THEN PERFORM status_history.report('ck2', 'stalled'); END IF; RETURN true; END $$;
+SELECT status FROM status_history.report('ck2', 'running');
+SELECT status, stale FROM status_history.history WHERE object_id = 'ck2' ORDER BY occurred_at;
+SELECT status FROM status_history.statuses WHERE object_id = 'ck2';
+-- A dropped report in flight while the constraint reports on the same object:
+-- that report was decided without the dropped one, so storing the dropped
+-- report after it is refused.
+CREATE OR REPLACE FUNCTION public.audit(o text, s text) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN IF o = 'ck3' AND s = 'dropped' THEN PERFORM status_history.report('ck3', 'running'); END IF; RETURN true; END $$;
+\set VERBOSITY sqlstate
+SELECT status FROM status_history.report('ck3', 'dropped');
+\set VERBOSITY default
+ALTER TABLE status_history.history DROP CONSTRAINT audited;
+DROP FUNCTION public.audit(text, text);
+SELECT state_mismatches() AS after_constraints;
+
+-- A row security WITH CHECK policy and a generated column that report.
+CREATE ROLE sh_wp_reporter;
+GRANT INSERT ON status_history.history TO sh_wp_reporter;
+CREATE FUNCTION public.policy_report(o text) RETURNS boolean LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog AS $$
+BEGIN IF o = 'pol1' THEN PERFORM status_history.report('pol-audit', 'running'); END IF; RETURN true; END $$;
+ALTER TABLE status_history.history ENABLE ROW LEVEL SECURITY;
+CREATE POLICY wp_insert ON status_history.history FOR INSERT TO sh_wp_reporter
+    WITH CHECK (public.policy_report(object_id));
+SET ROLE sh_wp_reporter;
+SELECT status FROM status_history.report('pol1', 'stalled');
+RESET ROLE;
+DROP POLICY wp_insert ON status_history.history;
+ALTER TABLE status_history.history DISABLE ROW LEVEL SECURITY;
+SELECT object_id, status FROM status_history.statuses WHERE object_id LIKE 'pol%' ORDER BY 1;
+CREATE FUNCTION public.gen_report(o text) RETURNS integer LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN IF o = 'gen1' THEN PERFORM status_history.report('gen-audit', 'paused'); END IF; RETURN 1; END $$;
+ALTER TABLE status_history.history ADD COLUMN audit_marker integer GENERATED ALWAYS AS (public.gen_report(object_id)) STORED;
+SELECT status FROM status_history.report('gen1', 'running');
+ALTER TABLE status_history.history DROP COLUMN audit_marker;
+DROP FUNCTION public.gen_report(text);
+SELECT object_id, status FROM status_history.statuses WHERE object_id LIKE 'gen%' ORDER BY 1;
+SELECT state_mismatches() AS after_policy_and_generated;
+
+-- 3. Reports nested 40 trigger levels deep: a BEFORE trigger that reports on
+--    the next object, whose row reports again.
+CREATE FUNCTION public.nest() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE n integer;
+BEGIN
+    IF NEW.object_id LIKE 'nest-%' THEN
+        n := split_part(NEW.object_id, '-', 2)::integer;
+        IF n < 40 THEN
+            PERFORM status_history.report('nest-' || (n + 1), NEW.status);
+        END IF;
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER zz_nest BEFORE INSERT ON status_history.history
+    FOR EACH ROW EXECUTE FUNCTION public.nest();
+SELECT status FROM status_history.report('nest-1', 'starting');
+SELECT status FROM status_history.report('nest-1', 'running');
+DROP TRIGGER zz_nest ON status_history.history;
+DROP FUNCTION public.nest();
+SELECT count(*) AS nested_objects, count(*) FILTER (WHERE status = 'running') AS running
+  FROM status_history.statuses WHERE object_id LIKE 'nest-%';
+SELECT state_mismatches() AS after_nesting;
+
+-- 4. A BEFORE trigger that runs after the extension's and changes the report.
+SELECT count(*) FROM status_history.reconnect(5, object_ids => ARRAY['t4']);
+-- Changing the replica: the key and report() follow the stored row.
+CREATE FUNCTION public.move_replica() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN NEW.replica_id := 'r-moved'; RETURN NEW; END $$;
+CREATE TRIGGER zz_move BEFORE INSERT ON status_history.history
+    FOR EACH ROW EXECUTE FUNCTION public.move_replica();
+SELECT replica_id, status, generation, stale FROM status_history.report('t4', 'running', replica_id => 'r1', generation => 5);
+DROP TRIGGER zz_move ON status_history.history;
+SELECT replica_id, status FROM status_history.replica_statuses WHERE object_id = 't4' ORDER BY 1;
+-- Lowering the generation below the fence after the report was found not
+-- stale: refused, nothing stored.
+CREATE FUNCTION public.lower_generation() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN NEW.generation := 1; RETURN NEW; END $$;
+CREATE TRIGGER zz_lower BEFORE INSERT ON status_history.history
+    FOR EACH ROW EXECUTE FUNCTION public.lower_generation();
+\set VERBOSITY sqlstate
+SELECT status FROM status_history.report('t4', 'stalled', generation => 5);
+INSERT INTO status_history.history (object_id, status, generation) VALUES ('t4', 'stalled', 5);
+\set VERBOSITY default
+DROP TRIGGER zz_lower ON status_history.history;
+-- Clearing the stale flag of a fenced report: refused too.
+CREATE FUNCTION public.unstale() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN NEW.stale := false; RETURN NEW; END $$;
+CREATE TRIGGER zz_unstale BEFORE INSERT ON status_history.history
+    FOR EACH ROW EXECUTE FUNCTION public.unstale();
+\set VERBOSITY sqlstate
+SELECT status FROM status_history.report('t4', 'paused', generation => 2);
+\set VERBOSITY default
+DROP TRIGGER zz_unstale ON status_history.history;
+-- Raising the generation of a fenced report: stored stale (as decided), never current.
+CREATE FUNCTION public.raise_generation() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN NEW.generation := 9; RETURN NEW; END $$;
+CREATE TRIGGER zz_raise BEFORE INSERT ON status_history.history
+    FOR EACH ROW EXECUTE FUNCTION public.raise_generation();
+SELECT status, generation, stale FROM status_history.report('t4', 'ceased', generation => 2);
+DROP TRIGGER zz_raise ON status_history.history;
+DROP FUNCTION public.move_replica(), public.lower_generation(), public.unstale(), public.raise_generation();
+SELECT status, replica_id FROM status_history.statuses WHERE object_id = 't4';
+SELECT count(*) AS t4_rows FROM status_history.history WHERE object_id = 't4';
+SELECT state_mismatches() AS after_changed_rows;
+
+-- MERGE ... WHEN NOT MATCHED THEN INSERT reports like an INSERT.
+CREATE TABLE public.incoming (object_id text, status text);
+INSERT INTO public.incoming VALUES ('m1', 'running'), ('m2', 'stalled'), ('m1', 'paused');
+MERGE INTO status_history.history AS h
+USING public.incoming AS i ON false
+WHEN NOT MATCHED THEN INSERT (object_id, status) VALUES (i.object_id, i.status);
+SELECT object_id, status FROM status_history.statuses WHERE object_id LIKE 'm_' ORDER BY 1;
+DROP TABLE public.incoming;
+
+-- Reports from an AFTER ROW trigger and from an AFTER STATEMENT trigger with
+-- a transition table on another table.
+CREATE TABLE public.events (object_id text, status text);
+CREATE FUNCTION public.events_row() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM status_history.report(NEW.object_id, NEW.status, 'row'); RETURN NULL; END $$;
+CREATE FUNCTION public.events_stmt() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO status_history.history (object_id, status, error)
+    SELECT n.object_id || '-s', n.status, 'statement' FROM new_rows AS n;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER events_row AFTER INSERT ON public.events FOR EACH ROW EXECUTE FUNCTION public.events_row();
+CREATE TRIGGER events_stmt AFTER INSERT ON public.events REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION public.events_stmt();
+INSERT INTO public.events VALUES ('ev', 'starting'), ('ev', 'running'), ('ev2', 'stalled');
+SELECT object_id, status, error FROM status_history.statuses WHERE object_id LIKE 'ev%' ORDER BY 1;
+DROP TABLE public.events;
+DROP FUNCTION public.events_row(), public.events_stmt();
+SELECT state_mismatches() AS after_merge_and_after_triggers;
+
+-- 5. A stale controller cannot reconnect a list of objects either: the
+--    replica's floor and the database-wide floor count.
+SELECT count(*) FROM status_history.reconnect(7, 'r5');
+\set VERBOSITY sqlstate
+SELECT count(*) FROM status_history.reconnect(6, 'r5', ARRAY['f1']);
+\set VERBOSITY default
+SELECT count(*) FROM status_history.reconnect(7, 'r5', ARRAY['f1']);
+SELECT count(*) FROM status_history.reconnect(8);
+\set VERBOSITY sqlstate
+SELECT count(*) FROM status_history.reconnect(7, NULL, ARRAY['f2']);
+SELECT count(*) FROM status_history.reconnect(7, 'r6', ARRAY['f2']);
+\set VERBOSITY default
+SELECT object_id, fence FROM status_history.objects WHERE object_id IN ('f1', 'f2') ORDER BY 1;
+
+REVOKE ALL ON status_history.history FROM sh_wp_reporter;
+DROP FUNCTION public.policy_report(text);
+DROP ROLE sh_wp_reporter;
+DROP EXTENSION status_history;
