@@ -3,7 +3,8 @@
 #   pg_regress (sql/, expected/), isolation specs (test/specs/),
 #   pgTAP (test/*.sql, via pg_prove), and the TAP tests that start, crash
 #   and promote their own servers (test/t/*.pl, run as the postgres user),
-#   and the regression suites again under valgrind with a UBSan build.
+#   the regression suites again under valgrind with a UBSan build, and the
+#   failover test under pg_auto_failover (test/ha/run.sh, make ha).
 # Installs what it needs first.  Exits non-zero when any test fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +37,9 @@ if test/tap.sh; then suite 0; else suite 1; fi
 
 echo "== C safety: regression and isolation suites under valgrind, library built with UBSan"
 if test/memcheck.sh; then suite 0; else suite 1; fi
+
+echo "== failover under pg_auto_failover: two kill -9s of the primary under load (as postgres)"
+if test/ha/run.sh; then suite 0; else suite 1; fi
 
 rm -rf "$results"
 echo "suites: $passed passed, $failed failed"

@@ -6,7 +6,7 @@ so after a failover libpq finds the new primary by itself; on any error it
 reconnects and goes on.  It logs, one tab-separated line each, only what the
 server acknowledged:
 
-  ack     seq t_send t_ack port stamp_us object_id status generation stale warned
+  ack     seq t_send t_ack port stamp_us object_id status generation stale warned replica_id seen_us
   fence   seq t_send t_ack port generation rows
   restamp generation object_id stamp_us
   doubt   seq t_send t_err what      (the connection broke before the answer)
@@ -14,7 +14,12 @@ server acknowledged:
 
 t_send/t_ack are this machine's clock (time.time()) just before sending and
 just after the answer; stamp_us is occurred_at in microseconds since the Unix
-epoch, as the server returned it.  "warned" is 1 when the server sent a
+epoch, as the server returned it.  seen_us is the key's last_seen_at, read in
+the report's own statement right after report() (public.ha_last_seen(), made
+by the driver): the stamp of the row the report appended, or, when the report
+was a repeat (status_history.deduplicate: no row appended, report() returns
+the row it repeats, with that row's older stamp), the later stamp the repeat
+took.  "warned" is 1 when the server sent a
 warning with the answer (PostgreSQL says "the transaction has already
 committed locally, but might not have been replicated" when a wait for the
 synchronous standby is cancelled): the report was acknowledged all the same.
@@ -33,7 +38,7 @@ import time
 import psycopg
 
 STATUSES = ['starting', 'running', 'paused', 'stalled', 'ceased']
-STAMP_US = "(extract(epoch FROM occurred_at) * 1000000)::bigint"
+STAMP_US = "(extract(epoch FROM {}) * 1000000)::bigint"
 
 
 def main():
@@ -142,13 +147,17 @@ class Client:
         gen = self.current_generation()
         if self.rng.random() < 0.2:
             gen = max(gen - 1, 0)
+        # ha_last_seen() is VOLATILE: it reads replica_state with a snapshot
+        # taken after report() ran, in the same statement and transaction.
         row = self.conn.execute(
-            f"SELECT {STAMP_US}, object_id, status, generation, stale"
-            "  FROM status_history.report(%s, %s, NULL, NULL, %s, %s)",
+            f"SELECT {STAMP_US.format('r.occurred_at')}, r.object_id, r.status, r.generation, r.stale,"
+            f"       r.replica_id, {STAMP_US.format('public.ha_last_seen(r.object_id, r.replica_id)')}"
+            "  FROM status_history.report(%s, %s, NULL, NULL, %s, %s) AS r",
             (obj, status, self.a.name, gen)).fetchone()
         t_ack = time.time()
         self.write('ack', self.seq, f'{t_send:.6f}', f'{t_ack:.6f}', self.conn.info.port,
-                   row[0], row[1], row[2], row[3], int(row[4]), int(self.warned))
+                   row[0], row[1], row[2], row[3], int(row[4]), int(self.warned), row[5],
+                   '' if row[6] is None else row[6])
 
     def controller_step(self, t_send):
         # A fresh generation for every attempt: an attempt whose outcome is in
@@ -156,7 +165,8 @@ class Client:
         self.generation += 1
         g = self.generation
         rows = self.conn.execute(
-            f"SELECT object_id, {STAMP_US} FROM status_history.reconnect(%s)", (g,)).fetchall()
+            f"SELECT object_id, {STAMP_US.format('occurred_at')} FROM status_history.reconnect(%s)",
+            (g,)).fetchall()
         t_ack = time.time()
         self.write('fence', self.seq, f'{t_send:.6f}', f'{t_ack:.6f}', self.conn.info.port, g, len(rows))
         for obj, stamp in rows:

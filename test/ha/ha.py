@@ -234,7 +234,10 @@ class Logs:
 
     def __init__(self):
         self.offsets = {}
-        self.acks = []        # (client, seq, t_send, t_ack, port, stamp, obj, status, gen, stale, warned)
+        # (client, seq, t_send, t_ack, port, stamp, obj, status, gen, stale, warned, replica, seen):
+        # stamp is the returned row's; seen the key's last_seen_at after the
+        # report, = stamp when it appended that row, later when it was a repeat.
+        self.acks = []
         self.fences = []      # (client, seq, t_send, t_ack, port, generation, rows)
         self.restamps = []    # (generation, obj, stamp)
         self.doubts = 0
@@ -255,7 +258,8 @@ class Logs:
                 x = line.split('\t')
                 if x[0] == 'ack':
                     self.acks.append((client, int(x[1]), float(x[2]), float(x[3]), int(x[4]), int(x[5]),
-                                      x[6], x[7], int(x[8]), x[9] == '1', x[10] == '1'))
+                                      x[6], x[7], int(x[8]), x[9] == '1', x[10] == '1', x[11],
+                                      int(x[12]) if x[12] else None))
                 elif x[0] == 'fence':
                     self.fences.append((client, int(x[1]), float(x[2]), float(x[3]), int(x[4]),
                                         int(x[5]), int(x[6])))
@@ -384,6 +388,7 @@ def run_checks(label, primary, standby, logs, bare_after=None, t_kill=None):
         f'({stale} stale, {warned} with a replication warning), {len(fences)} acknowledged '
         f'reconnects, {logs.doubts} in doubt')
     maxg = max((f[5] for f in fences), default=0)
+    fence_t = {f[5]: (f[2], f[3], f'{f[0]}#{f[1]}') for f in fences}
 
     if t_kill is not None:
         # Fences acknowledged by the old primary (before the kill, or just
@@ -417,8 +422,8 @@ def run_checks(label, primary, standby, logs, bare_after=None, t_kill=None):
     with connect(primary.port, autocommit=False) as c:
         c.execute('SET TRANSACTION ISOLATION LEVEL REPEATABLE READ')
         c.execute('CREATE TEMP TABLE acked (client text, seq int, t_send float8, t_ack float8, port int,'
-                  ' stamp bigint, object_id text, status text, generation bigint, stale bool, warned bool)'
-                  ' ON COMMIT DROP')
+                  ' stamp bigint, object_id text, status text, generation bigint, stale bool, warned bool,'
+                  ' replica text, seen bigint) ON COMMIT DROP')
         c.execute('CREATE TEMP TABLE restamped (generation bigint, object_id text, stamp bigint) ON COMMIT DROP')
         with c.cursor().copy('COPY acked FROM STDIN') as cp:
             for a in acks:
@@ -426,8 +431,20 @@ def run_checks(label, primary, standby, logs, bare_after=None, t_kill=None):
         with c.cursor().copy('COPY restamped FROM STDIN') as cp:
             for r in restamps:
                 cp.write_row(r)
+        # The rows whose making was acknowledged, with when it was asked for:
+        # reports that appended their row, reconnect()s' copies.
+        c.execute('CREATE TEMP TABLE created (stamp bigint, t_send float8) ON COMMIT DROP')
+        with c.cursor().copy('COPY created FROM STDIN') as cp:
+            for a in acks:
+                if a[12] == a[5]:
+                    cp.write_row((a[5], a[2]))
+            for g, _, st in restamps:
+                if g in fence_t:
+                    cp.write_row((st, fence_t[g][0]))
+        c.execute('CREATE INDEX ON created (stamp)')
         c.execute('ANALYZE acked')
         c.execute('ANALYZE restamped')
+        c.execute('ANALYZE created')
         h_us = STAMP_US.format('h.occurred_at')
 
         missing = c.execute(
@@ -436,12 +453,46 @@ def run_checks(label, primary, standby, logs, bare_after=None, t_kill=None):
             f" WHERE NOT EXISTS (SELECT FROM status_history.history AS h"
             f"                    WHERE {h_us} = a.stamp AND h.object_id = a.object_id"
             f"                      AND h.status = a.status AND h.generation = a.generation"
-            f"                      AND h.stale = a.stale)").fetchone()
+            f"                      AND h.stale = a.stale AND h.replica_id = a.replica)").fetchone()
         detail = f'{len(acks)} acknowledged'
         if missing[0]:
             detail += (f'; {missing[0]} missing, acknowledged between {missing[1] - T0:.1f}s and '
                        f'{missing[2] - T0:.1f}s: {" ".join(missing[3].split()[:5])} ...')
         CHECKS.ok(missing[0] == 0, f'{label}: every acknowledged report is in the history', detail)
+
+        # With deduplication on (the default), a report that repeats its
+        # key's newest row appends no row, and report() returns the row it
+        # repeats, with that row's older stamp; the repeat moves the key's
+        # last_seen_at to a stamp of its own.  So each acknowledged report is
+        # exactly one of: a new row (last_seen_at = its row's stamp), or a
+        # repeat (last_seen_at later), whose row was its key's newest: no row
+        # of the key (object, replica) lies between the row and the repeat's
+        # own stamp, so the repeat appended none either.  Reports on an
+        # object are serialized, and stamp order is commit order per object.
+        # Rows asked for after the repeat was acknowledged are not in its
+        # past, whatever their stamps (their stamps lie below the repeat's
+        # only when the clock went back, which the clock-order check counts).
+        def ts(us):
+            return f"(timestamptz 'epoch' + {us} * interval '1 microsecond')"
+        kinds = c.execute(f"""
+            SELECT count(*) FILTER (WHERE kind = 'new'), count(*) FILTER (WHERE kind = 'repeat'),
+                   count(*) FILTER (WHERE kind = 'bad'), string_agg(what, ' ') FILTER (WHERE kind = 'bad')
+              FROM (SELECT a.client || '#' || a.seq AS what,
+                           CASE WHEN a.seen = a.stamp THEN 'new'
+                                WHEN a.seen > a.stamp AND NOT EXISTS (
+                                    SELECT FROM status_history.history AS h
+                                     WHERE h.object_id = a.object_id AND h.replica_id = a.replica
+                                       AND h.occurred_at > {ts('a.stamp')} AND h.occurred_at <= {ts('a.seen')}
+                                       AND {h_us} > a.stamp AND {h_us} <= a.seen
+                                       AND NOT EXISTS (SELECT FROM created AS k
+                                                        WHERE k.stamp = {h_us} AND k.t_send > a.t_ack))
+                                    THEN 'repeat'
+                                ELSE 'bad' END AS kind
+                      FROM acked AS a) AS k""").fetchone()
+        CHECKS.ok(kinds[2] == 0,
+                  f'{label}: every acknowledged report appended its row or repeated its key\'s newest row',
+                  f'{kinds[0]} new rows, {kinds[1]} repeats, {kinds[2]} neither'
+                  + (f': {" ".join(kinds[3].split()[:5])} ...' if kinds[2] else ''))
 
         lost_re = c.execute(
             f"SELECT count(*) FROM restamped AS r"
@@ -489,13 +540,18 @@ def run_checks(label, primary, standby, logs, bare_after=None, t_kill=None):
         c.rollback()
 
     # Stamps increase in real time across the failovers: a stamp acknowledged
-    # before another request was sent is below that request's stamp.
-    events = [(a[2], a[3], a[5], f'{a[0]}#{a[1]}') for a in acks]
-    fence_t = {f[5]: (f[2], f[3], f'{f[0]}#{f[1]}') for f in fences}
+    # before another request was sent is below the stamp that request took.
+    # A report's own stamp is its key's last_seen_at: its row's stamp, or a
+    # repeat's later one (the row a repeat returns was stamped before, by the
+    # report that appended it; last_seen_at is missing only where the check
+    # above failed).
+    events = [(a[2], a[3], a[12] if a[12] is not None else a[5], f'{a[0]}#{a[1]}') for a in acks]
     events += [(*fence_t[g][:2], s, fence_t[g][2] + f' {o}') for g, o, s in restamps if g in fence_t]
     bad, worst = clock_order(events)
+    repeats = sum(1 for a in acks if a[12] is not None and a[12] > a[5])
     CHECKS.ok(bad == 0, f'{label}: every stamp is above every stamp acknowledged before it was asked for',
-              f'{len(events)} stamps; {bad} below an earlier acknowledged one{worst}')
+              f'{len(events)} stamps, {repeats} of them taken by repeats; '
+              f'{bad} below an earlier acknowledged one{worst}')
 
     with connect(primary.port) as c:
         new, top = c.execute(f"SELECT {STAMP_US.format('status_history.monotonic_now()')},"
@@ -605,7 +661,8 @@ def stall_then_kill(primary, standby, logs):
         r = imp_conn.execute(
             f"INSERT INTO status_history.history (occurred_at, object_id, status, replica_id)"
             f" VALUES (now() + interval '1 hour', 'import-1', 'running', 'importer')"
-            f" RETURNING {STAMP_US.format('occurred_at')}, object_id, status, generation, stale").fetchone()
+            f" RETURNING {STAMP_US.format('occurred_at')}, object_id, status, generation, stale, replica_id"
+            ).fetchone()
         return t_send, time.time(), r
     imp, imp_thread = in_background(importer, 1.0) if IMPORT else ({}, None)
 
@@ -626,7 +683,9 @@ def stall_then_kill(primary, standby, logs):
 
     if 'r' in imp:   # answered (by the old primary, whenever): acknowledged
         t_send, t_ack, r = imp['r']
-        HANDED.rows.append(('driver', 1, t_send, t_ack, primary.port, r[0], r[1], r[2], r[3], r[4], False))
+        # An import is always a row: seen = its stamp.
+        HANDED.rows.append(('driver', 1, t_send, t_ack, primary.port, r[0], r[1], r[2], r[3], r[4], False,
+                            r[5], r[0]))
         say(f'the import of a row stamped 1 hour ahead was acknowledged by {primary.name}')
     elif not IMPORT:
         pass
@@ -734,6 +793,14 @@ def main():
                 wait_ready(n1.port, writable=True)
                 with connect(n1.port) as c:
                     c.execute('CREATE EXTENSION status_history')
+                    # The reporters call it in their report's statement, after
+                    # report(): VOLATILE, so it reads with a new snapshot and
+                    # sees what report() wrote.  A key's last_seen_at is the
+                    # stamp of its newest row, or later when the report
+                    # repeated that row (README: status_history.deduplicate).
+                    c.execute("CREATE FUNCTION public.ha_last_seen(o text, r text) RETURNS timestamptz"
+                              " LANGUAGE sql VOLATILE AS $$SELECT last_seen_at FROM status_history.replica_state"
+                              " WHERE object_id = o AND replica_id = r$$")
                     c.execute("SELECT status_history.report('obj-' || i, 'starting')"
                               "  FROM generate_series(1, %s) AS i", (OBJECTS,))
             say(f'{node.name} created ({time.time() - t:.1f}s)')
@@ -758,9 +825,11 @@ def main():
         times['failover 1'] = failover(monitor, n1, n2, logs, t_kill, 'failover 1')
         time.sleep(3)
         clients.pause()
-        # The first stamp node2 handed out: the smallest acknowledged after the kill.
+        # The first stamp node2 handed out: the smallest acknowledged after the
+        # kill (a repeat's own stamp is its key's last_seen_at, not the row's).
         logs.read()
-        first_new = min((a[5] for a in logs.acks if a[4] == n2.port and a[3] > t_kill), default=None)
+        first_new = min((a[12] for a in logs.acks if a[4] == n2.port and a[3] > t_kill and a[12] is not None),
+                        default=None)
         run_checks('after failover 1', n2, None, logs, bare_after=first_new, t_kill=t_kill)
         clients.resume()
 
