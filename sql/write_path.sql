@@ -194,6 +194,43 @@ SELECT count(*) FROM status_history.reconnect(7, 'r6', ARRAY['f2']);
 \set VERBOSITY default
 SELECT object_id, fence FROM status_history.objects WHERE object_id IN ('f1', 'f2') ORDER BY 1;
 
+-- Imported stamps before 2000 (negative in PostgreSQL's epoch) are stamps
+-- like any other: the key's last_seen_at is its newest row's, and a report
+-- after an imported dropped report is stale.
+INSERT INTO status_history.history (occurred_at, object_id, status, generation)
+VALUES ('1999-01-01 00:00:00+00', 'old', 'running', 8), ('1999-01-02 00:00:00+00', 'old', 'dropped', 8);
+SELECT replica_id, last_at, last_seen_at FROM status_history.replica_state WHERE object_id = 'old';
+SELECT stale FROM status_history.report('old', 'running', generation => 8);
+-- An import of old history raises the clock's persisted bound above the
+-- present once, not a second above each imported row (a WAL flush each).
+INSERT INTO status_history.history (occurred_at, object_id, status)
+SELECT '2024-03-01'::timestamptz + i * interval '2 s', 'past', 'running' FROM generate_series(1, 50) AS i;
+SELECT last_value > (extract(epoch FROM now() - '2000-01-01 00:00:00+00') * 1000000)::bigint AS bound_above_now
+  FROM status_history.clock_bound;
+SELECT state_mismatches() AS after_old_stamps;
+
+-- A report made from a constraint of another report on the same key, while
+-- that one is in flight: it was found to repeat the key's newest stored
+-- row, although the row in flight (stamped before it) differs.  Storing the
+-- row in flight would leave the later report lost: refused.
+SELECT status FROM status_history.report('x', 'stalled', replica_id => 'r1', generation => 8);
+CREATE FUNCTION public.chk(o text, s text) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    IF o = 'x' AND s = 'running' THEN
+        PERFORM status_history.report(o, 'stalled', replica_id => 'r1', generation => 8);
+    END IF;
+    RETURN true;
+END $$;
+ALTER TABLE status_history.history ADD CONSTRAINT c CHECK (public.chk(object_id, status)) NOT VALID;
+\set VERBOSITY sqlstate
+SELECT status FROM status_history.report('x', 'running', replica_id => 'r1', generation => 8);
+\set VERBOSITY default
+ALTER TABLE status_history.history DROP CONSTRAINT c;
+DROP FUNCTION public.chk(text, text);
+SELECT status, stale FROM status_history.history WHERE object_id = 'x' ORDER BY occurred_at;
+SELECT status FROM status_history.statuses WHERE object_id = 'x';
+SELECT state_mismatches() AS after_repeat_in_flight;
+
 REVOKE ALL ON status_history.history FROM sh_wp_reporter;
 DROP FUNCTION public.policy_report(text);
 DROP ROLE sh_wp_reporter;

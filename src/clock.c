@@ -417,7 +417,11 @@ sh_clock_observe(TimestampTz stamp)
 					(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
 					 errmsg("occurred_at is too close to the end of the timestamp range"),
 					 errhint("Import stamps no later than the present.")));
-		clock_raise_bound(slot, stamp, stamp + BOUND_AHEAD);
+		/*
+		 * At least a second past the present, as a stamp would: an import of
+		 * old history then raises the bound (a WAL flush) once, not per row.
+		 */
+		clock_raise_bound(slot, stamp, Max(stamp, GetCurrentTimestamp()) + BOUND_AHEAD);
 	}
 }
 

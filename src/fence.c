@@ -208,6 +208,24 @@ sh_fence_floor(Datum replica_id, bool replica_null)
 }
 
 /*
+ * The floor a reconnect() with an object list must reach: the committed
+ * database-wide floor and the replica's (a floor still being raised may yet
+ * roll back; if it commits, its reconnect holds the listed objects' locks
+ * and raised their fences first).  Read afresh: reconnects are rare.
+ */
+int64
+sh_fence_committed_floor(Datum replica_id, bool replica_null)
+{
+	int64		all;
+	int64		replica = 0;
+
+	(void) read_floor((Datum) 0, true, &all);
+	if (!replica_null)
+		(void) read_floor(replica_id, false, &replica);
+	return Max(all, replica);
+}
+
+/*
  * The fence a new object's row starts with: the committed database-wide
  * floor.  A floor still being raised makes reports stale, but must not stay
  * in a row if the reconnect() raising it fails or rolls back.
@@ -771,9 +789,9 @@ status_history_reconnect(PG_FUNCTION_ARGS)
 		}
 		else
 		{
-			int64		floor = sh_fence_floor(replica_id, replica_null);
+			int64		floor = sh_fence_committed_floor(replica_id, replica_null);
 
-			if (!replica_null && floor == SH_RETIRED)
+			if (!replica_null && sh_fence_floor(replica_id, false) == SH_RETIRED)
 				refuse_retired(replica_id);
 			/* A stale controller cannot reconnect a list either. */
 			if (floor > generation)

@@ -462,7 +462,7 @@ repeat_of(Relation rel, ShObject *obj, ShKey *key,
 {
 	HeapTuple	row = NULL;
 
-	if (key == NULL || key->last_at == 0)
+	if (key == NULL || key->last_at == SH_NO_STAMP)
 		return NULL;
 	/* The newest row is the key's current report, of another status: no need to look. */
 	if (key->has_current && key->current_at == key->last_at &&
@@ -535,8 +535,8 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 	{
 		stamp = DatumGetTimestampTz(values[AT(cols->occurred_at)]);
 		sh_clock_observe(stamp);
-		if (stamp <= obj->last_at)
-			sh_state_past_import(obj, stamp);
+		if (obj->last_at != SH_NO_STAMP && stamp <= obj->last_at)
+			sh_state_past_import();
 	}
 	else
 		stamp = sh_clock_next();
@@ -548,7 +548,7 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 		stale = (!nulls[AT(cols->stale)] && DatumGetBool(values[AT(cols->stale)])) ||
 			sh_state_stale(obj, generation, floor, status, stamp);
 
-	if (deduplicate && !imported && !sh_fence_in_reconnect())
+	if (deduplicate && !imported && !sh_fence_in_reconnect() && sh_state_repeats_allowed())
 	{
 		ShKey	   *key = sh_state_key(obj, replica);
 		HeapTuple	repeated = repeat_of(rel, obj, key, values, nulls, cols, stale);

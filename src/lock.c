@@ -33,11 +33,11 @@
 #include "status_history.h"
 
 static TimestampTz
-stamp_or_zero(TupleTableSlot *slot, AttrNumber att, bool *isnull)
+stamp_or_none(TupleTableSlot *slot, AttrNumber att, bool *isnull)
 {
 	Datum		d = slot_getattr(slot, att, isnull);
 
-	return *isnull ? 0 : DatumGetTimestampTz(d);
+	return *isnull ? SH_NO_STAMP : DatumGetTimestampTz(d);
 }
 
 /* Copy the locked objects row's state out of the slot. */
@@ -51,7 +51,7 @@ read_object_row(TupleTableSlot *slot, ShObject *obj)
 	Datum		d;
 
 	obj->fence = DatumGetInt64(slot_getattr(slot, sh_attnum(desc, "objects", "fence"), &isnull));
-	obj->current_at = stamp_or_zero(slot, sh_attnum(desc, "objects", "occurred_at"), &isnull);
+	obj->current_at = stamp_or_none(slot, sh_attnum(desc, "objects", "occurred_at"), &isnull);
 	obj->has_current = !isnull;
 	obj->tid = slot->tts_tid;
 	if (!obj->has_current)
@@ -59,7 +59,7 @@ read_object_row(TupleTableSlot *slot, ShObject *obj)
 	d = slot_getattr(slot, status_att, &isnull);
 	if (!isnull)
 		text_to_cstring_buffer(DatumGetTextPP(d), obj->status, sizeof(obj->status));
-	obj->status_since = stamp_or_zero(slot, since_att, &isnull);
+	obj->status_since = stamp_or_none(slot, since_att, &isnull);
 	if (isnull)
 		obj->status_since = obj->current_at;
 	obj->has_written = true;
@@ -268,11 +268,11 @@ key_from_slot(TupleTableSlot *slot, const KeyColumns *cols, ShKey *key, MemoryCo
 	key->stored = true;
 	key->tid = slot->tts_tid;
 	ItemPointerSetInvalid(&key->last_tid);
-	key->last_at = stamp_or_zero(slot, cols->last_at, &isnull);
-	key->last_seen_at = stamp_or_zero(slot, cols->last_seen_at, &isnull);
-	key->current_at = stamp_or_zero(slot, cols->occurred_at, &isnull);
+	key->last_at = stamp_or_none(slot, cols->last_at, &isnull);
+	key->last_seen_at = stamp_or_none(slot, cols->last_seen_at, &isnull);
+	key->current_at = stamp_or_none(slot, cols->occurred_at, &isnull);
 	key->has_current = !isnull;
-	key->status_since = stamp_or_zero(slot, cols->status_since, &isnull);
+	key->status_since = stamp_or_none(slot, cols->status_since, &isnull);
 	if (key->has_current)
 	{
 		Datum		d = slot_getattr(slot, cols->status, &isnull);
@@ -311,7 +311,7 @@ sh_read_keys(ShObject *obj, MemoryContext cxt)
 	ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_TEXTEQ, PointerGetDatum(obj->id));
 	skey.sk_collation = index->rd_indcollation[0];
 	index_rescan(scan, &skey, 1, NULL, 0);
-	obj->last_at = obj->has_current ? obj->current_at : 0;
+	obj->last_at = obj->has_current ? obj->current_at : SH_NO_STAMP;
 	while (index_getnext_slot(scan, ForwardScanDirection, slot))
 	{
 		ShKey	   *key;

@@ -103,6 +103,17 @@ status_history_restore_merge(PG_FUNCTION_ARGS)
 	 * only while no reporter holds rows, so that the two cannot deadlock.
 	 */
 	LockRelationOid(RelationGetRelid(rel), ShareRowExclusiveLock);
+	/* A key's dumped last_seen_at: later stamps come after it (folding checks that). */
+	if (which == 2)
+	{
+		bool		isnull;
+		Datum		seen = heap_getattr(trigdata->tg_trigtuple,
+										sh_attnum(RelationGetDescr(rel), "replica_state", "last_seen_at"),
+										RelationGetDescr(rel), &isnull);
+
+		if (!isnull)
+			sh_clock_observe(DatumGetTimestampTz(seen));
+	}
 	types[0] = rel->rd_rel->reltype;
 	args[0] = heap_copy_tuple_as_datum(trigdata->tg_trigtuple, RelationGetDescr(rel));
 	plan = &plans[which];

@@ -29,19 +29,22 @@
  * after rows with later stamps had been folded: an import into the past, or a
  * report made while another row of the same object was in flight (from one
  * of its triggers or constraints).  The state is then recomputed from the
- * stored rows.  Imports into the past are known before they are stored: until
- * theirs AFTER events come, the object's decisions recompute too.
+ * stored rows.  (A transaction that imports into the past records no repeats
+ * from then on: a repeat is decided against the key's newest row, which an
+ * import not yet folded may be.)
  *
- * Folding checks each row's stale flag as stored against the state before
- * it: a row stored non-stale below its fence or a floor, or after a dropped
- * report, is refused (27000), whatever changed it after it was stamped.
+ * Folding checks each row as stored against the state before it: a row
+ * stored non-stale below its fence or a floor, or after a dropped report, or
+ * one a repeat of its key was decided without (stamped before that repeat,
+ * stored after it), is refused (27000), whatever happened after it was
+ * stamped.
  *
  * Memory: entries live in the transaction.  A subtransaction that aborts
- * takes its rows, row locks and writes with it; every entry is discarded and
- * read again when next needed (what an entry holds beyond its rows is
- * derivable from stored rows, or was written at once).  Past
- * status_history.cache_max_objects entries, entries are written back and
- * dropped.
+ * takes its rows, row locks and writes with it: every entry it read or
+ * changed is marked to be read again when next needed (what an entry holds
+ * beyond its rows is derivable from stored rows, or was written at once).
+ * Past status_history.cache_max_objects entries, entries are written back
+ * and dropped, but never while one is being written.
  */
 #include "postgres.h"
 
@@ -73,7 +76,37 @@ static HTAB *objects = NULL;
 static Oid	state_relid = InvalidOid;	/* the objects table the entries describe */
 static bool state_recheck = false;	/* that table may have been dropped */
 static bool writing = false;	/* our own SQL on the state tables is running */
+static ShObject *being_written = NULL;	/* sh_write_object() runs for it */
 static bool importing = false;	/* this transaction supplied a stamp (an importer's) */
+static bool imported_past = false;	/* ... one below an object's newest row */
+static SubTransactionId newest_touch = InvalidSubTransactionId;
+
+/* obj is read or changed in the current subtransaction: its abort must undo that. */
+static void
+touch(ShObject *obj)
+{
+	obj->touched = GetCurrentSubTransactionId();
+	newest_touch = Max(newest_touch, obj->touched);
+}
+
+/* Write obj back (writeback.c), as part of the current subtransaction. */
+static void
+write_back(ShObject *obj, TupleTableSlot *row)
+{
+	ShObject   *outer = being_written;
+
+	touch(obj);
+	being_written = obj;
+	PG_TRY();
+	{
+		sh_write_object(obj, row);
+	}
+	PG_FINALLY();
+	{
+		being_written = outer;
+	}
+	PG_END_TRY();
+}
 
 /* ---- entries ---- */
 
@@ -84,6 +117,7 @@ state_discard(void)
 		MemoryContextDelete(state_cxt);
 	state_cxt = NULL;
 	objects = NULL;
+	newest_touch = InvalidSubTransactionId;
 }
 
 /* The table the entries describe is gone (DROP and CREATE EXTENSION in one transaction). */
@@ -108,24 +142,38 @@ state_create(void)
 	state_recheck = false;
 }
 
-/* Write back and drop every entry: always safe, they are read again when needed. */
+/* Write back and drop entries: always safe, they are read again when needed. */
 static void
 state_shrink(void)
 {
-	HASH_SEQ_STATUS seq;
-	ShObject   *obj;
+	long		before = hash_get_num_entries(objects);
 
-	hash_seq_init(&seq, objects);
-	while ((obj = hash_seq_search(&seq)) != NULL)
+	/*
+	 * Settled entries first: an entry dropped while some of its folded rows
+	 * still wait for their AFTER events is read again settled, and those
+	 * events then recompute it.
+	 */
+	for (int pass = 0; pass < 2; pass++)
 	{
-		text	   *id = obj->id;
+		HASH_SEQ_STATUS seq;
+		ShObject   *obj;
 
-		if (obj->past_imports != NIL)
-			continue;			/* it must remember them */
-		sh_write_object(obj, NULL);
-		if (obj->keys != NULL)
-			pfree(obj->keys);
-		hash_search(objects, &id, HASH_REMOVE, NULL);
+		hash_seq_init(&seq, objects);
+		while ((obj = hash_seq_search(&seq)) != NULL)
+		{
+			text	   *id = obj->id;
+
+			if (pass == 0 && obj->settled_at != obj->last_at)
+				continue;
+			if (obj->valid)
+				write_back(obj, NULL);
+			if (obj->keys != NULL)
+				pfree(obj->keys);
+			hash_search(objects, &id, HASH_REMOVE, NULL);
+			pfree(id);
+		}
+		if (hash_get_num_entries(objects) <= before / 2)
+			break;
 	}
 }
 
@@ -149,14 +197,26 @@ sh_state_lock(Datum object_id)
 	if (objects == NULL)
 		state_create();
 	obj = hash_search(objects, &id, HASH_FIND, NULL);
-	if (obj != NULL)
+	if (obj != NULL && obj->valid)
+	{
+		/* A trigger on the state tables reporting on the object being written. */
+		if (obj == being_written)
+			ereport(ERROR,
+					(errcode(ERRCODE_TRIGGERED_ACTION_EXCEPTION),
+					 errmsg("a report on object \"%s\" was made while its state was being written",
+							text_to_cstring(obj->id)),
+					 errdetail("A trigger on status_history.objects or replica_state reported on the object whose row it fired for."),
+					 errhint("Do not report from triggers on the extension's state tables.")));
+		touch(obj);
 		return obj;
-	if (hash_get_num_entries(objects) >= cache_max_objects)
+	}
+	if (obj == NULL && being_written == NULL && hash_get_num_entries(objects) >= cache_max_objects)
 		state_shrink();
 
-	/* Locking may run (and roll back) a subtransaction of its own: entries may go. */
+	/* Locking may run (and roll back) a subtransaction of its own. */
 	memset(&fresh, 0, sizeof(fresh));
 	ItemPointerSetInvalid(&fresh.current_tid);
+	fresh.current_at = fresh.status_since = fresh.last_at = SH_NO_STAMP;
 	fresh.id = id;
 	created = sh_lock_object(object_id, sh_fence_new_object(), &fresh);
 	if (objects == NULL)
@@ -167,8 +227,11 @@ sh_state_lock(Datum object_id)
 	if (!created)
 		sh_read_keys(&fresh, state_cxt);
 	fresh.settled_at = fresh.last_at;
+	fresh.valid = true;
+	/* (An invalid entry is read again in place; its old keys go with the transaction.) */
 	obj = hash_search(objects, &fresh.id, HASH_ENTER, &found);
 	*obj = fresh;
+	touch(obj);
 	return obj;
 }
 
@@ -206,6 +269,7 @@ key_for(ShObject *obj, text *replica)
 	memset(key, 0, sizeof(ShKey));
 	ItemPointerSetInvalid(&key->tid);
 	ItemPointerSetInvalid(&key->last_tid);
+	key->last_at = key->last_seen_at = key->current_at = key->status_since = SH_NO_STAMP;
 	if (replica != NULL)
 	{
 		MemoryContext old = MemoryContextSwitchTo(state_cxt);
@@ -270,7 +334,7 @@ refuse_verdict(const ShObject *obj, const StoredRow *row, const char *why)
 {
 	ereport(ERROR,
 			(errcode(ERRCODE_TRIGGERED_DATA_CHANGE_VIOLATION),
-			 errmsg("report on object \"%s\" stamped %s was stored as not stale, but %s",
+			 errmsg("report on object \"%s\" stamped %s cannot be stored as it is: %s",
 					text_to_cstring(obj->id), timestamptz_to_str(row->stamp), why),
 			 errdetail("Its generation, replica, status or stale flag was changed after the extension decided it was current, or a report on the same object was made while it was being inserted."),
 			 errhint("Do not change these columns in a trigger that fires after history_insert, and report on an object from its own statement, not from a trigger or constraint of another report on it.")));
@@ -292,6 +356,8 @@ fold(ShObject *obj, TupleTableSlot *slot)
 			refuse_verdict(obj, &row, "it is below the object's fence or a floor, from a retired replica, or after a dropped report");
 	}
 	key = key_for(obj, row.replica_id);
+	if (!importing && key->last_seen_at > row.stamp)
+		refuse_verdict(obj, &row, "a repeat of its key was decided without it while it was being inserted");
 	key->last_at = row.stamp;
 	key->last_tid = row.tid;
 	/* A controller's re-stamped copy is not a sighting of the replica. */
@@ -316,7 +382,7 @@ fold(ShObject *obj, TupleTableSlot *slot)
 	obj->last_at = row.stamp;
 }
 
-/* An index scan of the object's stored rows (SnapshotSelf), above after when after > 0. */
+/* An index scan of the object's stored rows (SnapshotSelf), above after unless SH_NO_STAMP. */
 typedef struct RowScan
 {
 	Relation	rel;
@@ -336,8 +402,8 @@ rows_begin(RowScan *s, ShObject *obj, TimestampTz after)
 	ScanKeyInit(&keys[0], 1, BTEqualStrategyNumber, F_TEXTEQ, PointerGetDatum(obj->id));
 	keys[0].sk_collation = s->index->rd_indcollation[0];
 	ScanKeyInit(&keys[1], 2, BTGreaterStrategyNumber, F_TIMESTAMP_GT, TimestampTzGetDatum(after));
-	s->scan = index_beginscan(s->rel, s->index, SnapshotSelf, after > 0 ? 2 : 1, 0);
-	index_rescan(s->scan, keys, after > 0 ? 2 : 1, NULL, 0);
+	s->scan = index_beginscan(s->rel, s->index, SnapshotSelf, after != SH_NO_STAMP ? 2 : 1, 0);
+	index_rescan(s->scan, keys, after != SH_NO_STAMP ? 2 : 1, NULL, 0);
 }
 
 static void
@@ -366,21 +432,21 @@ recompute(ShObject *obj)
 	{
 		ShKey	   *k = &obj->keys[i];
 
-		k->last_at = k->current_at = k->status_since = 0;
+		k->last_at = k->current_at = k->status_since = SH_NO_STAMP;
 		k->has_current = false;
 		k->status[0] = '\0';
 		ItemPointerSetInvalid(&k->last_tid);
 		k->dirty = true;
 	}
 	obj->has_current = false;
-	obj->current_at = obj->status_since = obj->last_at = 0;
+	obj->current_at = obj->status_since = obj->last_at = SH_NO_STAMP;
 	obj->status[0] = '\0';
 	ItemPointerSetInvalid(&obj->current_tid);
 	maxopen = Max(obj->nkeys, 4);
 	open = palloc0(maxopen * sizeof(bool));
 
 	CommandCounterIncrement();	/* nothing of ours is hidden by the command counter */
-	rows_begin(&s, obj, 0);
+	rows_begin(&s, obj, SH_NO_STAMP);
 	while (index_getnext_slot(s.scan, ForwardScanDirection, s.slot))
 	{
 		StoredRow	row;
@@ -388,7 +454,7 @@ recompute(ShObject *obj)
 		int			k;
 
 		read_stored(s.slot, &row);
-		if (obj->last_at == 0)
+		if (obj->last_at == SH_NO_STAMP)
 			obj->last_at = row.stamp;
 		key = key_for(obj, row.replica_id);
 		k = key - obj->keys;
@@ -398,11 +464,12 @@ recompute(ShObject *obj)
 			memset(open + maxopen, 0, (2 * (k + 1) - maxopen) * sizeof(bool));
 			maxopen = 2 * (k + 1);
 		}
-		if (key->last_at == 0)
+		if (key->last_at == SH_NO_STAMP)
 		{
 			key->last_at = row.stamp;
 			key->last_tid = row.tid;
-			key->last_seen_at = Max(key->last_seen_at, key->stored ? 0 : row.stamp);
+			if (!key->stored)
+				key->last_seen_at = Max(key->last_seen_at, row.stamp);
 			key->dirty = true;
 		}
 		if (row.stale)
@@ -441,20 +508,12 @@ recompute(ShObject *obj)
 	obj->settled_at = obj->last_at;
 }
 
-/*
- * Fold every stored row of obj above last_at, oldest first.  While an import
- * into the past may be stored and not yet folded, recompute instead.
- */
+/* Fold every stored row of obj above last_at, oldest first. */
 void
 sh_state_catch_up(ShObject *obj)
 {
 	RowScan		s;
 
-	if (obj->past_imports != NIL)
-	{
-		recompute(obj);
-		return;
-	}
 	rows_begin(&s, obj, obj->last_at);
 	/* The index is by occurred_at DESC: backwards is oldest first. */
 	while (index_getnext_slot(s.scan, BackwardScanDirection, s.slot))
@@ -462,16 +521,11 @@ sh_state_catch_up(ShObject *obj)
 	rows_end(&s);
 }
 
-/* The insert trigger is about to let an import below last_at be stored. */
+/* The insert trigger is about to let an import below an object's newest row be stored. */
 void
-sh_state_past_import(ShObject *obj, TimestampTz stamp)
+sh_state_past_import(void)
 {
-	MemoryContext old = MemoryContextSwitchTo(state_cxt);
-	TimestampTz *p = palloc(sizeof(TimestampTz));
-
-	*p = stamp;
-	obj->past_imports = lappend(obj->past_imports, p);
-	MemoryContextSwitchTo(old);
+	imported_past = true;
 }
 
 /* This transaction imports (supplies stamps and stale flags): importers' flags are kept. */
@@ -481,23 +535,11 @@ sh_state_note_import(void)
 	importing = true;
 }
 
-/* Forget the import stamped stamp: its row has arrived. */
-static void
-forget_past_import(ShObject *obj, TimestampTz stamp)
+/* May a report be found to repeat its key's newest row? */
+bool
+sh_state_repeats_allowed(void)
 {
-	ListCell   *lc;
-
-	foreach(lc, obj->past_imports)
-	{
-		TimestampTz *p = (TimestampTz *) lfirst(lc);
-
-		if (*p == stamp)
-		{
-			obj->past_imports = foreach_delete_current(obj->past_imports, lc);
-			pfree(p);
-			return;
-		}
-	}
+	return !imported_past;
 }
 
 /*
@@ -513,35 +555,32 @@ sh_state_after_row(HeapTuple tuple, TupleDesc desc)
 	ShObject   *obj;
 	TimestampTz stamp;
 	bool		isnull;
-	bool		in_order = false;
 
 	ExecStoreHeapTuple(tuple, slot, false);
 	stamp = DatumGetTimestampTz(slot_getattr(slot, c->occurred_at, &isnull));
 	obj = sh_state_lock(slot_getattr(slot, c->object_id, &isnull));
-	if (obj->past_imports != NIL)
-		forget_past_import(obj, stamp);		/* (and recompute below) */
-	else
-	{
-		sh_state_catch_up(obj);
-		if (stamp > obj->last_at)
-			elog(ERROR, "status_history: a stored row was not found by its object's index");
-		in_order = stamp > obj->settled_at;
-	}
-	if (in_order)
+	sh_state_catch_up(obj);
+	if (stamp > obj->last_at)
+		elog(ERROR, "status_history: a stored row was not found by its object's index");
+	if (stamp > obj->settled_at)
 		obj->settled_at = stamp;
 	else
 	{
 		/* Stored after rows with later stamps were folded: out of order. */
 		StoredRow	row;
+		ShKey	   *key;
 
 		read_stored(slot, &row);
+		key = sh_state_key(obj, row.replica_id);
+		if (!importing && key != NULL && key->last_seen_at > row.stamp && key->last_at < row.stamp)
+			refuse_verdict(obj, &row, "a repeat of its key was decided without it while it was being inserted");
 		recompute(obj);
 		if (!row.stale && !importing && strcmp(row.status, "dropped") == 0 &&
 			row.stamp < obj->current_at)
 			refuse_verdict(obj, &row, "later reports on the object were recorded before it");
 	}
 	if (obj->settled_at == obj->last_at)
-		sh_write_object(obj, slot);
+		write_back(obj, slot);
 	ExecDropSingleTupleTableSlot(slot);
 }
 
@@ -551,7 +590,7 @@ sh_state_seen(ShObject *obj, ShKey *key, TimestampTz seen)
 {
 	key->last_seen_at = Max(key->last_seen_at, seen);
 	key->dirty = true;
-	sh_write_object(obj, NULL);
+	write_back(obj, NULL);
 }
 
 /*
@@ -596,15 +635,31 @@ sh_state_settle(void)
 		return;
 	hash_seq_init(&seq, objects);
 	while ((obj = hash_seq_search(&seq)) != NULL)
-		sh_write_object(obj, NULL);
+		if (obj->valid)
+			write_back(obj, NULL);
 }
 
-/* Settle and forget every entry: someone else's SQL is about to change the state tables. */
+/*
+ * Settle and forget every entry: someone else's SQL is about to change the
+ * state tables.  The entries are read again when next needed (their memory
+ * stays: this may run inside our own write, from a trigger on those tables).
+ */
 void
 sh_state_invalidate(void)
 {
-	sh_state_settle();
-	state_discard();
+	HASH_SEQ_STATUS seq;
+	ShObject   *obj;
+
+	state_check_table();
+	if (objects == NULL)
+		return;
+	hash_seq_init(&seq, objects);
+	while ((obj = hash_seq_search(&seq)) != NULL)
+	{
+		if (obj->valid && obj != being_written)
+			write_back(obj, NULL);
+		obj->valid = false;
+	}
 }
 
 /* Run one of our own statements on our tables, without tripping the guards. */
@@ -656,7 +711,9 @@ state_xact_callback(XactEvent event, void *arg)
 			state_cxt = NULL;
 			objects = NULL;
 			writing = false;
-			importing = false;
+			being_written = NULL;
+			importing = imported_past = false;
+			newest_touch = InvalidSubTransactionId;
 			sh_notify_reset();
 			break;
 	}
@@ -668,11 +725,16 @@ state_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 {
 	if (event == SUBXACT_EVENT_ABORT_SUB || event == SUBXACT_EVENT_COMMIT_SUB)
 		sh_notify_subxact(event == SUBXACT_EVENT_COMMIT_SUB);
-	/* Its rows, locks and writes are gone: so is everything read or folded since. */
-	if (event == SUBXACT_EVENT_ABORT_SUB)
+	/* Its rows, locks and writes are gone: so is what the entries read or folded in it. */
+	if (event == SUBXACT_EVENT_ABORT_SUB && objects != NULL && newest_touch >= mySubid)
 	{
-		state_discard();
-		writing = false;
+		HASH_SEQ_STATUS seq;
+		ShObject   *obj;
+
+		hash_seq_init(&seq, objects);
+		while ((obj = hash_seq_search(&seq)) != NULL)
+			if (obj->touched >= mySubid)
+				obj->valid = false;
 	}
 }
 

@@ -75,9 +75,12 @@ typedef struct ShHistoryCols
 
 extern const ShHistoryCols *sh_history_cols(TupleDesc desc);
 
+/* "No stamp": imported stamps may be anything finite, before 2000 included. */
+#define SH_NO_STAMP DT_NOBEGIN
+
 /*
  * The state of one key (object_id, replica_id) of an object, as folded from
- * its stored rows.  Stamps are 0 while there is none.
+ * its stored rows.  Stamps are SH_NO_STAMP while there is none.
  */
 typedef struct ShKey
 {
@@ -116,7 +119,8 @@ typedef struct ShObject
 	int			nkeys;
 	int			maxkeys;
 	ShKey	   *keys;
-	List	   *past_imports;	/* stamps of imports below last_at not yet folded */
+	bool		valid;			/* false: read it again before use */
+	SubTransactionId touched;	/* newest subtransaction that read or changed it */
 } ShObject;
 
 /* lock.c */
@@ -130,8 +134,9 @@ extern void sh_state_catch_up(ShObject *obj);
 extern ShKey *sh_state_key(ShObject *obj, text *replica);
 extern bool sh_state_stale(const ShObject *obj, int64 generation, int64 floor,
 						   const char *status, TimestampTz stamp);
-extern void sh_state_past_import(ShObject *obj, TimestampTz stamp);
+extern void sh_state_past_import(void);
 extern void sh_state_note_import(void);
+extern bool sh_state_repeats_allowed(void);
 extern void sh_state_seen(ShObject *obj, ShKey *key, TimestampTz seen);
 extern void sh_state_after_row(HeapTuple tuple, TupleDesc desc);
 extern void sh_state_raise_fences(Datum *ids, int n, int64 fence);
@@ -180,6 +185,7 @@ extern void sh_put_history_rows(ReturnSetInfo *rsinfo, SPIPlanPtr plan, Datum *a
 extern void sh_fence_init(void);
 extern int64 sh_fence_floor(Datum replica_id, bool replica_null);
 extern int64 sh_fence_new_object(void);
+extern int64 sh_fence_committed_floor(Datum replica_id, bool replica_null);
 extern void sh_fence_forget_floors(void);
 extern bool sh_fence_in_reconnect(void);
 extern void sh_fence_note_report(void);

@@ -279,7 +279,7 @@ sh_write_object(ShObject *obj, TupleTableSlot *row)
 		ShKey	   *k = &obj->keys[i];
 		KeyWrite	w = {obj->id, k};
 
-		if (!k->dirty || k->last_at == 0)
+		if (!k->dirty || k->last_at == SH_NO_STAMP)
 			continue;
 		if (!k->stored || !sh_rowwrite(sh_relation_oid("replica_state"), &k->tid, key_row, &w))
 			upsert_key_row(obj->id, k);

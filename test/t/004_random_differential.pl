@@ -140,7 +140,7 @@ $node->safe_psql('postgres', 'CREATE DATABASE sh_selftest TEMPLATE sh_template')
 			qr/^latest\(\): returns \(b, paused/ ],
 		[ 'a missing objects row', "DELETE FROM status_history.objects WHERE object_id = 'b';",
 			qr/^objects: no row for b/ ],
-		[ 'an objects row of no object', "INSERT INTO status_history.objects (object_id) VALUES ('ghost');",
+		[ 'an objects row of no object', "INSERT INTO status_history.objects (object_id, occurred_at, status) VALUES ('ghost', now(), 'running');",
 			qr/^objects: row for unknown object ghost/ ],
 		[ 'stale flag below the fence', [ $disable, "${row}'a', 'running', 1, false);" ],
 			qr/^history row \(a, running.*stale = f, expected t \(fence and floors in force 2,/ ],

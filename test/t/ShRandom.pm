@@ -195,12 +195,14 @@ CREATE FUNCTION sh.scope(rep text, ids text[]) RETURNS SETOF text LANGUAGE sql S
 $$;
 
 -- reconnect(g, ...) must fail with 55000 iff an object in scope has a
--- higher fence (or, without a list, its floor is higher, if floors block).
+-- higher fence, or (if floors block) without a list its floor is higher, or
+-- with a list the database-wide floor or the replica's is.
 CREATE FUNCTION sh.expect_fail(g bigint, rep text, ids text[]) RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT EXISTS (SELECT FROM sh.scope(rep, ids) AS s(id) WHERE sh.fence_at(s.id, 'infinity') > g)
-        OR (ids IS NULL AND (SELECT s.floor_blocks FROM sh.settings AS s)
-            AND sh.floor_at(rep, 'infinity') > g)
+        OR ((SELECT s.floor_blocks FROM sh.settings AS s)
+            AND (sh.floor_at(rep, 'infinity') > g
+                 OR (ids IS NOT NULL AND sh.floor_at(NULL, 'infinity') > g)))
 $$;
 
 -- ===========================================================================
@@ -362,12 +364,15 @@ BEGIN
            END
       FROM status_history.objects AS o
       FULL JOIN sh.expected AS e ON e.object_id = o.object_id
-     WHERE o.object_id IS NULL OR e.object_id IS NULL
-        OR (o.occurred_at, o.status, o.error, o.details, o.replica_id, o.generation,
+     -- (an object whose only reports were skipped after it was locked keeps
+     -- an empty row: its first report created it)
+     WHERE o.object_id IS NULL
+        OR (e.object_id IS NULL AND (o.occurred_at IS NOT NULL OR o.status IS NOT NULL))
+        OR (e.object_id IS NOT NULL AND (o.occurred_at, o.status, o.error, o.details, o.replica_id, o.generation,
             o.reported_at, o.status_since, o.fence)
            IS DISTINCT FROM
            (e.occurred_at, e.status, e.error, e.details, e.replica_id, e.generation,
-            e.reported_at, e.status_since, e.fence)
+            e.reported_at, e.status_since, e.fence))
     ;
     -- latest() against the same (the history's own columns: latest() has
     -- NULL in the column the harness adds)
