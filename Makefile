@@ -24,6 +24,8 @@ REGRESS_OPTS = --inputdir=.
 ISOLATION      = $(patsubst test/specs/%.spec,%,$(wildcard test/specs/*.spec))
 ISOLATION_OPTS = --inputdir=test
 
+# The library knows the one version it serves (src/module.c, sh_check_version).
+PG_CPPFLAGS = -DSH_VERSION='"$(EXTVERSION)"'
 PG_CFLAGS  = -Wall -Wextra -Werror -Wno-unused-parameter -Wno-sign-compare -Wno-missing-field-initializers
 EXTRA_CLEAN = $(wildcard $(EXTENSION)--*.sql)
 
@@ -41,6 +43,9 @@ endif
 
 $(EXTENSION)--$(EXTVERSION).sql: sql/$(EXTENSION).sql $(EXTENSION).control
 	cp $< $@
+
+# The version is compiled in (SH_VERSION): a new one rebuilds what uses it.
+src/module.o: $(EXTENSION).control
 
 # A frozen install script for the version still being developed would be
 # installed over the generated one.

@@ -29,3 +29,16 @@ COMMENT ON FUNCTION status_history.history_insert_trigger() IS
     'Validates a report, serializes it per object, stamps it, and decides from stored reports whether it is stale (fenced) or a repeat.';
 -- Not for PUBLIC, as every function of a fresh install but the granted ones.
 REVOKE ALL ON FUNCTION status_history.history_fold_trigger() FROM PUBLIC;
+
+-- @@ versions: the library serves the SQL objects of its own version only
+-- (every upgrade script ends by replacing versions(), see the install script).
+CREATE OR REPLACE FUNCTION status_history.versions(OUT library text, OUT extension text)
+RETURNS record
+AS 'MODULE_PATHNAME', 'status_history_versions'
+LANGUAGE C STABLE
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION status_history.versions() IS
+    'The version of the loaded status_history library, and of the extension installed in this database; they must be equal.';
+REVOKE ALL ON FUNCTION status_history.versions() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION status_history.versions() TO PUBLIC;

@@ -120,6 +120,20 @@ SELECT pg_catalog.pg_extension_config_dump('status_history.objects', '');
 SELECT pg_catalog.pg_extension_config_dump('status_history.floors', '');
 
 -- ---------------------------------------------------------------------------
+-- Versions: the library serves the SQL objects of its own version only.
+-- Every upgrade script replaces this function (its definition may stay the
+-- same): that change to pg_proc makes every session check the version again.
+-- ---------------------------------------------------------------------------
+CREATE FUNCTION status_history.versions(OUT library text, OUT extension text)
+RETURNS record
+AS 'MODULE_PATHNAME', 'status_history_versions'
+LANGUAGE C STABLE
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION status_history.versions() IS
+    'The version of the loaded status_history library, and of the extension installed in this database; they must be equal.';
+
+-- ---------------------------------------------------------------------------
 -- The clock.
 -- ---------------------------------------------------------------------------
 CREATE FUNCTION status_history.monotonic_now()
@@ -564,6 +578,7 @@ GRANT SELECT ON status_history.history, status_history.objects, status_history.f
 GRANT EXECUTE ON FUNCTION status_history.latest(text[], boolean) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION status_history.latest_by_precedence(text[], boolean) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION status_history.monotonic_now() TO PUBLIC;
+GRANT EXECUTE ON FUNCTION status_history.versions() TO PUBLIC;
 GRANT EXECUTE ON FUNCTION status_history.report(text, text, text, jsonb, text, bigint, timestamptz) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION status_history.report_many(text[], text[], text[], jsonb[], text[], bigint[], timestamptz[]) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION status_history.history_of(text, timestamptz, timestamptz) TO PUBLIC;

@@ -442,5 +442,6 @@ sh_clock_last(void)
 Datum
 status_history_monotonic_now(PG_FUNCTION_ARGS)
 {
+	sh_check_version();
 	PG_RETURN_TIMESTAMPTZ(sh_clock_next());
 }

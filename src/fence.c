@@ -775,6 +775,7 @@ status_history_reconnect(PG_FUNCTION_ARGS)
 	Datum	   *ids;
 	int			n;
 
+	sh_check_version();
 	check_reconnect_args(fcinfo);
 	generation = PG_GETARG_INT64(0);
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);

@@ -500,6 +500,7 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 	ShObject   *obj;
 	text	   *replica;
 
+	sh_check_version();
 	check_trigger_call(fcinfo, "history_insert_trigger");
 	if (!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) ||
 		!TRIGGER_FIRED_BY_INSERT(trigdata->tg_event))
@@ -576,6 +577,7 @@ status_history_fold_trigger(PG_FUNCTION_ARGS)
 {
 	TriggerData *trigdata = (TriggerData *) fcinfo->context;
 
+	sh_check_version();
 	if (!CALLED_AS_TRIGGER(fcinfo))
 		ereport(ERROR,
 				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
@@ -597,6 +599,7 @@ status_history_refuse_change(PG_FUNCTION_ARGS)
 	TriggerData *trigdata = (TriggerData *) fcinfo->context;
 	const char *what;
 
+	sh_check_version();
 	check_trigger_call(fcinfo, "history_refuse_change");
 	/* prune()'s own DELETE, and nothing it sets off (prune.c). */
 	if (sh_prune_take_delete() && TRIGGER_FIRED_BY_DELETE(trigdata->tg_event))
@@ -643,6 +646,7 @@ status_history_report(PG_FUNCTION_ARGS)
 	TupleDesc	desc;
 	HeapTuple	row = NULL;
 
+	sh_check_version();
 	for (int i = 0; i < 7; i++)
 	{
 		args[i] = PG_ARGISNULL(i) ? (Datum) 0 : PG_GETARG_DATUM(i);
@@ -715,6 +719,7 @@ status_history_report_many(PG_FUNCTION_ARGS)
 	Datum		args[7];
 	char		nulls[7];
 
+	sh_check_version();
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),

@@ -183,6 +183,7 @@ status_history_latest(PG_FUNCTION_ARGS)
 	bool		listed = !PG_ARGISNULL(0);
 	Datum		args[2];
 
+	sh_check_version();
 	if (PG_ARGISNULL(1))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),

@@ -13,6 +13,8 @@
 #include "postgres.h"
 
 #include "access/htup_details.h"
+#include "access/table.h"
+#include "utils/builtins.h"
 #include "utils/rel.h"
 #include "utils/fmgroids.h"
 #include "access/tableam.h"
@@ -25,7 +27,10 @@
 #include "common/hashfn.h"
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "catalog/indexing.h"
 #include "catalog/pg_class.h"
+#include "catalog/pg_extension.h"
+#include "commands/extension.h"
 #include "executor/spi.h"
 #include "funcapi.h"
 #include "utils/array.h"
@@ -352,4 +357,91 @@ sh_history_cols(TupleDesc desc)
 		history_cols_natts = desc->natts;
 	}
 	return &history_cols;
+}
+
+/*
+ * The library serves the SQL objects of its own version only: a session that
+ * loaded an older library keeps it after `make install`, and an upgrade's new
+ * library meets the old version's SQL until ALTER EXTENSION UPDATE; either
+ * way one would maintain state the other does not know (0.2.0's library
+ * under 0.3.0's SQL left replica_state behind).  Every entry point checks the
+ * installed version once; any change to pg_proc (every upgrade script
+ * replaces status_history.versions()) makes it check again.
+ */
+static bool version_checked = false;
+
+static void
+forget_version(Datum arg, int cacheid, uint32 hashvalue)
+{
+	version_checked = false;
+}
+
+/* extversion of status_history in this database, or NULL. */
+static char *
+installed_version(void)
+{
+	Relation	rel = table_open(ExtensionRelationId, AccessShareLock);
+	ScanKeyData key;
+	SysScanDesc scan;
+	HeapTuple	tup;
+	char	   *version = NULL;
+
+	ScanKeyInit(&key, Anum_pg_extension_extname, BTEqualStrategyNumber, F_NAMEEQ,
+				CStringGetDatum("status_history"));
+	scan = systable_beginscan(rel, ExtensionNameIndexId, true, NULL, 1, &key);
+	tup = systable_getnext(scan);
+	if (HeapTupleIsValid(tup))
+	{
+		bool		isnull;
+		Datum		d = heap_getattr(tup, Anum_pg_extension_extversion, RelationGetDescr(rel), &isnull);
+
+		if (!isnull)
+			version = text_to_cstring(DatumGetTextPP(d));
+	}
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	return version;
+}
+
+void
+sh_check_version(void)
+{
+	static bool registered = false;
+	char	   *version;
+
+	/* CREATE and ALTER EXTENSION run the scripts of the version being installed. */
+	if (likely(version_checked) || creating_extension)
+		return;
+	if (!registered)
+	{
+		CacheRegisterSyscacheCallback(PROCOID, forget_version, (Datum) 0);
+		registered = true;
+	}
+	version = installed_version();
+	if (version != NULL && strcmp(version, SH_VERSION) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("the status_history library is version %s, but the extension in this database is version %s",
+						SH_VERSION, version),
+				 errdetail("A library serves the SQL objects of its own version only."),
+				 errhint("Run ALTER EXTENSION status_history UPDATE in this database, then reconnect: a session keeps the library it loaded first (README: Upgrading).")));
+	version_checked = true;
+}
+
+/* SQL: status_history.versions(): the library's version and the installed extension's. */
+PG_FUNCTION_INFO_V1(status_history_versions);
+Datum
+status_history_versions(PG_FUNCTION_ARGS)
+{
+	TupleDesc	desc;
+	Datum		values[2];
+	bool		nulls[2] = {false, false};
+	char	   *version = installed_version();
+
+	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "status_history: versions() must return a row");
+	values[0] = CStringGetTextDatum(SH_VERSION);
+	nulls[1] = version == NULL;
+	values[1] = version == NULL ? (Datum) 0 : CStringGetTextDatum(version);
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(desc), values, nulls)));
 }

@@ -182,6 +182,7 @@ status_history_prune(PG_FUNCTION_ARGS)
 	Datum		hi = (Datum) 0;
 	uint64		removed = 0;
 
+	sh_check_version();
 	check_prune_args(fcinfo);
 	PreventCommandIfReadOnly("status_history.prune()");
 	args[2] = PG_GETARG_DATUM(0);

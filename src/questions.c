@@ -295,6 +295,7 @@ status_history_history_of(PG_FUNCTION_ARGS)
 	TimestampTz since;
 	TimestampTz until;
 
+	sh_check_version();
 	require_arg(fcinfo, 0, "object_id", "Name the object whose reports to return.");
 	/* NULL bounds are unbounded; stamps are always finite. */
 	if (PG_ARGISNULL(1))
@@ -378,6 +379,7 @@ status_history_intervals(PG_FUNCTION_ARGS)
 	Portal		portal;
 	int			rc;
 
+	sh_check_version();
 	require_arg(fcinfo, 0, "object_id", "Name the object whose periods to return.");
 	window_args(fcinfo, 1, &p.since, &p.end);
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
@@ -468,6 +470,7 @@ status_history_time_in_status(PG_FUNCTION_ARGS)
 	MemoryContext object_cxt;
 	text	   *object_id = NULL;	/* the object being summed, in object_cxt */
 
+	sh_check_version();
 	window_args(fcinfo, 0, &p.since, &p.end);
 	if (listed)
 		sh_check_id_list(PG_GETARG_DATUM(2));

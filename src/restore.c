@@ -37,6 +37,7 @@ PG_FUNCTION_INFO_V1(status_history_restore_merge);
 Datum
 status_history_objects_guard(PG_FUNCTION_ARGS)
 {
+	sh_check_version();
 	if (!CALLED_AS_TRIGGER(fcinfo))
 		ereport(ERROR,
 				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
@@ -86,6 +87,7 @@ status_history_restore_merge(PG_FUNCTION_ARGS)
 	SPIPlanPtr *plan;
 	int			ret;
 
+	sh_check_version();
 	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_BEFORE(trigdata->tg_event) ||
 		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) || !TRIGGER_FIRED_BY_INSERT(trigdata->tg_event))
 		ereport(ERROR,

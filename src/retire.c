@@ -171,6 +171,7 @@ status_history_retire_replica(PG_FUNCTION_ARGS)
 	int			n;
 	volatile uint64 changed = 0;
 
+	sh_check_version();
 	check_retire_args(fcinfo);
 	replica_id = PG_GETARG_DATUM(0);
 	sh_state_settle();

@@ -38,6 +38,7 @@ typedef struct ShSavedUser
 	int			guc_nest;		/* -1: search_path was already pinned */
 } ShSavedUser;
 
+extern void sh_check_version(void);
 extern Oid	sh_relation_oid(const char *relname);
 extern Oid	sh_relation_oid_if_exists(const char *relname);
 extern void sh_become_owner(Oid relid, ShSavedUser *saved);
