@@ -148,8 +148,8 @@ SELECT is(
     (SELECT string_agg(p.proname, ', ' ORDER BY p.proname) FROM pg_proc p
       WHERE p.pronamespace = 'status_history'::regnamespace
         AND has_function_privilege('public', p.oid, 'EXECUTE')),
-    'monotonic_now, report, report_many',
-    'PUBLIC executes only monotonic_now(), report() and report_many() (the last two need INSERT)');
+    'monotonic_now, report, report_many, versions',
+    'PUBLIC executes only monotonic_now(), report() and report_many() (the last two need INSERT), and versions()');
 
 SELECT * FROM finish();
 ROLLBACK;

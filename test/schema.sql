@@ -67,11 +67,11 @@ SELECT trigger_is('status_history', 'history', 'history_insert', 'status_history
 SELECT trigger_is('status_history', 'history', 'history_refuse_change', 'status_history', 'history_refuse_change');
 SELECT function_lang_is('status_history', 'history_insert_trigger', '{}'::name[], 'c', 'insert trigger is C');
 SELECT function_lang_is('status_history', 'history_refuse_change', '{}'::name[], 'c', 'refusing trigger is C');
-SELECT function_lang_is('status_history', 'history_statement_trigger', '{}'::name[], 'c', 'statement trigger is C');
+SELECT function_lang_is('status_history', 'history_fold_trigger', '{}'::name[], 'c', 'fold trigger is C');
 SELECT is(
     (SELECT string_agg(format('%s=%s', tgname, tgenabled), ', ' ORDER BY tgname)
        FROM pg_trigger WHERE tgrelid = 'status_history.history'::regclass),
-    'history_insert=A, history_refuse_change=A, history_statement_end=A',
+    'history_fold=A, history_insert=A, history_refuse_change=A',
     'triggers fire ALWAYS, also under session_replication_role = replica');
 SELECT is(
     (SELECT string_agg(format('%s=%s', tgname, tgenabled), ', ' ORDER BY tgname)
