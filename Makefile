@@ -44,8 +44,10 @@ endif
 $(EXTENSION)--$(EXTVERSION).sql: sql/$(EXTENSION).sql $(EXTENSION).control
 	cp $< $@
 
-# The version is compiled in (SH_VERSION): a new one rebuilds what uses it.
+# The version is compiled in (SH_VERSION): a new one rebuilds what uses it;
+# every file includes the shared header.
 src/module.o: $(EXTENSION).control
+$(OBJS): src/status_history.h
 
 # A frozen install script for the version still being developed would be
 # installed over the generated one.

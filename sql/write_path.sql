@@ -42,14 +42,15 @@ BEGIN IF o = 'ck1' THEN PERFORM status_history.report('audit-log', s); END IF; R
 ALTER TABLE status_history.history ADD CONSTRAINT audited CHECK (public.audit(object_id, status)) NOT VALID;
 SELECT status FROM status_history.report('ck1', 'running');
 SELECT object_id, status FROM status_history.statuses WHERE object_id IN ('ck1', 'audit-log') ORDER BY 1;
--- ... and when the report from the constraint is on the object in flight: its
--- row is stored first, then the outer row, which is older: both are kept and
--- the state is computed from both.
+-- ... but a report from the constraint on the object in flight is stored
+-- first (stamped later) and was decided without the outer report: storing
+-- the outer one after it is refused, nothing is stored.
 CREATE OR REPLACE FUNCTION public.audit(o text, s text) RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN IF o = 'ck2' AND s = 'running' THEN PERFORM status_history.report('ck2', 'stalled'); END IF; RETURN true; END $$;
+\set VERBOSITY sqlstate
 SELECT status FROM status_history.report('ck2', 'running');
-SELECT status, stale FROM status_history.history WHERE object_id = 'ck2' ORDER BY occurred_at;
-SELECT status FROM status_history.statuses WHERE object_id = 'ck2';
+\set VERBOSITY default
+SELECT count(*) AS ck2_rows FROM status_history.history WHERE object_id = 'ck2';
 -- A dropped report in flight while the constraint reports on the same object:
 -- that report was decided without the dropped one, so storing the dropped
 -- report after it is refused.
@@ -230,6 +231,60 @@ DROP FUNCTION public.chk(text, text);
 SELECT status, stale FROM status_history.history WHERE object_id = 'x' ORDER BY occurred_at;
 SELECT status FROM status_history.statuses WHERE object_id = 'x';
 SELECT state_mismatches() AS after_repeat_in_flight;
+
+-- reconnect() from a trigger of a report on an object in its scope would
+-- re-stamp the object's report before the one in flight: refused too.
+SELECT status FROM status_history.report('rc', 'running', generation => 8);
+CREATE FUNCTION public.takeover() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.error = 'takeover' THEN
+        PERFORM status_history.reconnect(9, NULL, ARRAY[NEW.object_id]);
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER zz_takeover BEFORE INSERT ON status_history.history
+    FOR EACH ROW EXECUTE FUNCTION public.takeover();
+\set VERBOSITY sqlstate
+SELECT status FROM status_history.report('rc', 'stalled', error => 'takeover', generation => 8);
+\set VERBOSITY default
+DROP TRIGGER zz_takeover ON status_history.history;
+DROP FUNCTION public.takeover();
+SELECT status, generation FROM status_history.statuses WHERE object_id = 'rc';
+
+-- An import into one object exempts only that object's rows from the
+-- checks (an importer gives stale flags): a report on another object in the
+-- same transaction whose generation a later trigger lowers is still refused.
+SELECT count(*) FROM status_history.reconnect(9, object_ids => ARRAY['t9']);
+CREATE FUNCTION public.lower_generation() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN IF NEW.error = 'lower' THEN NEW.generation := 1; END IF; RETURN NEW; END $$;
+CREATE TRIGGER zz_lower BEFORE INSERT ON status_history.history
+    FOR EACH ROW EXECUTE FUNCTION public.lower_generation();
+BEGIN;
+INSERT INTO status_history.history (occurred_at, object_id, status, generation)
+VALUES ('2025-06-01 00:00:00+00', 'archive', 'ceased', 9);
+\set VERBOSITY sqlstate
+SELECT status FROM status_history.report('t9', 'stalled', error => 'lower', generation => 9);
+\set VERBOSITY default
+ROLLBACK;
+DROP TRIGGER zz_lower ON status_history.history;
+DROP FUNCTION public.lower_generation();
+
+-- A key whose first row is a controller's (retire_replica()'s paused
+-- report) was never seen: its last_seen_at is that row's stamp, not a
+-- stamp of no row.
+SELECT status FROM status_history.report('src', 'running', replica_id => 'rr1', generation => 9);
+SELECT status_history.retire_replica('rr1');
+SELECT replica_id, last_seen_at = last_at AS seen_at_its_row
+  FROM status_history.replica_state WHERE object_id = 'src' ORDER BY replica_id NULLS LAST;
+
+-- A report in the same statement as an import into its object's past is a
+-- sighting of its key like any other.
+SELECT occurred_at AS first_at FROM status_history.report('xp', 'running', replica_id => 'rp1', generation => 9) \gset
+INSERT INTO status_history.history (occurred_at, object_id, status, replica_id, generation)
+VALUES ('2025-01-01', 'xp', 'paused', 'rp0', 9), (NULL, 'xp', 'stalled', 'rp1', 9);
+SELECT replica_id, last_seen_at >= last_at AS seen, last_at > :'first_at' AS newer
+  FROM status_history.replica_state WHERE object_id = 'xp' ORDER BY replica_id;
+SELECT state_mismatches() AS after_in_flight_and_imports;
 
 REVOKE ALL ON status_history.history FROM sh_wp_reporter;
 DROP FUNCTION public.policy_report(text);

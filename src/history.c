@@ -520,7 +520,6 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 	if (imported)
 	{
 		check_imported_stamp(rel, DatumGetTimestampTz(values[AT(cols->occurred_at)]), values, cols);
-		sh_state_note_import();
 	}
 	generation = DatumGetInt64(values[AT(cols->generation)]);
 	text_to_cstring_buffer(DatumGetTextPP(values[AT(cols->status)]), status, sizeof(status));
@@ -536,8 +535,7 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 	{
 		stamp = DatumGetTimestampTz(values[AT(cols->occurred_at)]);
 		sh_clock_observe(stamp);
-		if (obj->last_at != SH_NO_STAMP && stamp <= obj->last_at)
-			sh_state_past_import();
+		sh_state_note_import(obj, obj->last_at != SH_NO_STAMP && stamp <= obj->last_at);
 	}
 	else
 		stamp = sh_clock_next();
@@ -549,7 +547,7 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 		stale = (!nulls[AT(cols->stale)] && DatumGetBool(values[AT(cols->stale)])) ||
 			sh_state_stale(obj, generation, floor, status, stamp);
 
-	if (deduplicate && !imported && !sh_fence_in_reconnect() && sh_state_repeats_allowed())
+	if (deduplicate && !imported && !sh_fence_in_reconnect() && sh_state_repeats_allowed(obj))
 	{
 		ShKey	   *key = sh_state_key(obj, replica);
 		HeapTuple	repeated = repeat_of(rel, obj, key, values, nulls, cols, stale);

@@ -20,31 +20,33 @@
  *              object meanwhile, we hold its lock.
  *   AFTER ROW  PostgreSQL queues the event only for a row it stored, with
  *              the stored tuple, inside the statement's (sub)transaction, also
- *              when an executor stops early.  The AFTER trigger catches up
- *              (the row is folded by then), and marks the row settled:
- *              settled_at = its stamp.  When settled_at reaches last_at, no
- *              folded row waits for its event any more: the state is written
- *              back (one row version per object per statement).
- * A row whose AFTER event finds its stamp at or below settled_at was stored
- * after rows with later stamps had been folded: an import into the past, or a
- * report made while another row of the same object was in flight (from one
- * of its triggers or constraints).  The state is then recomputed from the
- * stored rows.  (A transaction that imports into the past records no repeats
- * from then on: a repeat is decided against the key's newest row, which an
- * import not yet folded may be.)
+ *              when an executor stops early.  The AFTER trigger catches up (the
+ *              row is folded by then) and crosses the row off the object's
+ *              waiting list (folded rows whose event has not come).  When the
+ *              list is empty, the state is written back: one row version per
+ *              object per statement.
  *
- * Folding checks each row as stored against the state before it: a row
- * stored non-stale below its fence or a floor, or after a dropped report, or
- * one a repeat of its key was decided without (stamped before that repeat,
- * stored after it), is refused (27000), whatever happened after it was
- * stamped.
+ * A row whose AFTER event finds it not folded was stored below last_at:
+ * after rows with later stamps had been folded.  An import into the past
+ * does that; so does a report made while another row of the same object was
+ * in flight (from one of its triggers or constraints: the inner report is
+ * stamped later, stored first, and decided -- and a reconnect() copy made --
+ * without the outer one).  The state is then recomputed from the stored rows;
+ * the second is refused (27000).  Folding checks each row as stored against
+ * the state before it, too: a row stored non-stale below its fence or a
+ * floor, or after a dropped report, or one a repeat of its key was decided
+ * without (stamped before the repeat, stored after it), is refused (27000),
+ * whatever happened after it was stamped.  An importer's rows keep the stale
+ * flags they give: the checks are for the objects it imports into.
  *
  * Memory: entries live in the transaction.  A subtransaction that aborts
  * takes its rows, row locks and writes with it: every entry it read or
  * changed is marked to be read again when next needed (what an entry holds
- * beyond its rows is derivable from stored rows, or was written at once).
- * Past status_history.cache_max_objects entries, entries are written back
- * and dropped, but never while one is being written.
+ * beyond its rows is derivable from stored rows, or was written at once; an
+ * entry read again no longer knows which rows wait for their events, and
+ * recomputes instead of refusing).  Past status_history.cache_max_objects
+ * entries, entries nothing waits for are written back and dropped, but never
+ * while one is being written.
  */
 #include "postgres.h"
 
@@ -77,9 +79,21 @@ static Oid	state_relid = InvalidOid;	/* the objects table the entries describe *
 static bool state_recheck = false;	/* that table may have been dropped */
 static bool writing = false;	/* our own SQL on the state tables is running */
 static ShObject *being_written = NULL;	/* sh_write_object() runs for it */
-static bool importing = false;	/* this transaction supplied a stamp (an importer's) */
-static bool imported_past = false;	/* ... one below an object's newest row */
 static SubTransactionId newest_touch = InvalidSubTransactionId;
+
+/*
+ * Objects this transaction imported into (supplied occurred_at): their rows'
+ * stale flags are the importer's to give, and after an import into their
+ * past (below the newest row) a repeat is no longer decided (the key's newest
+ * row may be an import not folded yet).  Kept apart from the entries, which
+ * may be dropped and read again.
+ */
+typedef struct Imported
+{
+	text	   *id;
+	bool		past;
+} Imported;
+static HTAB *imported = NULL;	/* in TopTransactionContext */
 
 /* obj is read or changed in the current subtransaction: its abort must undo that. */
 static void
@@ -106,6 +120,43 @@ write_back(ShObject *obj, TupleTableSlot *row)
 		being_written = outer;
 	}
 	PG_END_TRY();
+}
+
+/* ---- imports ---- */
+
+static Imported *
+imported_entry(ShObject *obj)
+{
+	return imported == NULL ? NULL : hash_search(imported, &obj->id, HASH_FIND, NULL);
+}
+
+/* The insert trigger lets an import into obj be stored (past: below its newest row). */
+void
+sh_state_note_import(ShObject *obj, bool past)
+{
+	Imported   *entry;
+	bool		found;
+
+	if (imported == NULL)
+		imported = sh_text_hash_create("status_history imports", sizeof(Imported),
+									   TopTransactionContext);
+	entry = hash_search(imported, &obj->id, HASH_ENTER, &found);
+	if (!found)
+	{
+		entry->id = (text *) MemoryContextAlloc(TopTransactionContext, VARSIZE_ANY(obj->id));
+		memcpy(entry->id, obj->id, VARSIZE_ANY(obj->id));
+		entry->past = false;
+	}
+	entry->past |= past;
+}
+
+/* May a report on obj be found to repeat its key's newest row? */
+bool
+sh_state_repeats_allowed(ShObject *obj)
+{
+	Imported   *entry = imported_entry(obj);
+
+	return entry == NULL || !entry->past;
 }
 
 /* ---- entries ---- */
@@ -142,38 +193,39 @@ state_create(void)
 	state_recheck = false;
 }
 
-/* Write back and drop entries: always safe, they are read again when needed. */
+/* Does a folded row of obj still wait for its AFTER event? */
+static bool
+has_waiting(const ShObject *obj)
+{
+	return obj->firstwaiting < obj->nwaiting;
+}
+
+/*
+ * Write back and drop the entries nothing waits for: always safe, they are
+ * read again when needed.  (An entry read again would not know which of its
+ * rows wait for their events.)
+ */
 static void
 state_shrink(void)
 {
-	long		before = hash_get_num_entries(objects);
+	HASH_SEQ_STATUS seq;
+	ShObject   *obj;
 
-	/*
-	 * Settled entries first: an entry dropped while some of its folded rows
-	 * still wait for their AFTER events is read again settled, and those
-	 * events then recompute it.
-	 */
-	for (int pass = 0; pass < 2; pass++)
+	hash_seq_init(&seq, objects);
+	while ((obj = hash_seq_search(&seq)) != NULL)
 	{
-		HASH_SEQ_STATUS seq;
-		ShObject   *obj;
+		text	   *id = obj->id;
 
-		hash_seq_init(&seq, objects);
-		while ((obj = hash_seq_search(&seq)) != NULL)
-		{
-			text	   *id = obj->id;
-
-			if (pass == 0 && obj->settled_at != obj->last_at)
-				continue;
-			if (obj->valid)
-				write_back(obj, NULL);
-			if (obj->keys != NULL)
-				pfree(obj->keys);
-			hash_search(objects, &id, HASH_REMOVE, NULL);
-			pfree(id);
-		}
-		if (hash_get_num_entries(objects) <= before / 2)
-			break;
+		if (obj->valid && has_waiting(obj))
+			continue;
+		if (obj->valid)
+			write_back(obj, NULL);
+		if (obj->keys != NULL)
+			pfree(obj->keys);
+		if (obj->waiting != NULL)
+			pfree(obj->waiting);
+		hash_search(objects, &id, HASH_REMOVE, NULL);
+		pfree(id);
 	}
 }
 
@@ -191,6 +243,7 @@ sh_state_lock(Datum object_id)
 	ShObject   *obj;
 	bool		found;
 	bool		created;
+	bool		again;
 	MemoryContext old;
 
 	state_check_table();
@@ -210,7 +263,8 @@ sh_state_lock(Datum object_id)
 		touch(obj);
 		return obj;
 	}
-	if (obj == NULL && being_written == NULL && hash_get_num_entries(objects) >= cache_max_objects)
+	again = obj != NULL;
+	if (!again && being_written == NULL && hash_get_num_entries(objects) >= cache_max_objects)
 		state_shrink();
 
 	/* Locking may run (and roll back) a subtransaction of its own. */
@@ -226,9 +280,14 @@ sh_state_lock(Datum object_id)
 	MemoryContextSwitchTo(old);
 	if (!created)
 		sh_read_keys(&fresh, state_cxt);
-	fresh.settled_at = fresh.last_at;
 	fresh.valid = true;
-	/* (An invalid entry is read again in place; its old keys go with the transaction.) */
+	/*
+	 * Read for the first time in this transaction, nothing of the object can
+	 * be waiting for its AFTER event (every earlier row locked it).  Read
+	 * again, it may: its list is unknown.  (Its old memory goes with the
+	 * transaction: a caller up the stack may still point at it.)
+	 */
+	fresh.exact = !again;
 	obj = hash_search(objects, &fresh.id, HASH_ENTER, &found);
 	*obj = fresh;
 	touch(obj);
@@ -328,40 +387,90 @@ read_stored(TupleTableSlot *slot, StoredRow *row)
 	row->stale = DatumGetBool(slot_getattr(slot, c->stale, &isnull));
 }
 
-/* A row stored non-stale that the rules make stale: refuse the statement. */
+/* A stored row the rules refuse: refuse the statement. */
 static void
-refuse_verdict(const ShObject *obj, const StoredRow *row, const char *why)
+refuse_row(const ShObject *obj, const StoredRow *row, const char *why)
 {
 	ereport(ERROR,
 			(errcode(ERRCODE_TRIGGERED_DATA_CHANGE_VIOLATION),
 			 errmsg("report on object \"%s\" stamped %s cannot be stored as it is: %s",
 					text_to_cstring(obj->id), timestamptz_to_str(row->stamp), why),
-			 errdetail("Its generation, replica, status or stale flag was changed after the extension decided it was current, or a report on the same object was made while it was being inserted."),
+			 errdetail("Its generation, replica, status or stale flag was changed after the extension decided it, or a report on the same object was made while it was being inserted."),
 			 errhint("Do not change these columns in a trigger that fires after history_insert, and report on an object from its own statement, not from a trigger or constraint of another report on it.")));
 }
 
-/* Fold one stored row, newer than every row folded so far, into obj. */
+/* Queue a folded row's stamp to wait for its AFTER event (stamps come in order). */
 static void
-fold(ShObject *obj, TupleTableSlot *slot)
+wait_for_event(ShObject *obj, TimestampTz stamp)
+{
+	if (obj->firstwaiting == obj->nwaiting)
+		obj->firstwaiting = obj->nwaiting = 0;	/* none waits: reuse the array */
+	if (obj->nwaiting == obj->maxwaiting)
+	{
+		obj->maxwaiting = Max(8, obj->maxwaiting * 2);
+		obj->waiting = obj->waiting == NULL ?
+			MemoryContextAlloc(state_cxt, obj->maxwaiting * sizeof(ShWaiting)) :
+			repalloc(obj->waiting, obj->maxwaiting * sizeof(ShWaiting));
+	}
+	obj->waiting[obj->nwaiting].stamp = stamp;
+	obj->waiting[obj->nwaiting++].came = false;
+}
+
+/* The AFTER event of the folded row stamped stamp has come: true if it was waiting. */
+static bool
+event_came(ShObject *obj, TimestampTz stamp)
+{
+	int			lo = obj->firstwaiting;
+	int			hi = obj->nwaiting - 1;
+
+	/* Events come in stamp order (a nested statement's first): usually the first. */
+	while (lo <= hi)
+	{
+		int			mid = (lo + hi) / 2;
+
+		if (obj->waiting[mid].stamp == stamp)
+		{
+			if (obj->waiting[mid].came)
+				return false;
+			obj->waiting[mid].came = true;
+			while (obj->firstwaiting < obj->nwaiting && obj->waiting[obj->firstwaiting].came)
+				obj->firstwaiting++;
+			return true;
+		}
+		if (obj->waiting[mid].stamp < stamp)
+			lo = mid + 1;
+		else
+			hi = mid - 1;
+	}
+	return false;
+}
+
+/*
+ * Fold one stored row, newer than every row folded so far, into obj.  Unless
+ * its own AFTER event is what folds it (event), it waits for that event.
+ */
+static void
+fold(ShObject *obj, TupleTableSlot *slot, bool event)
 {
 	StoredRow	row;
 	ShKey	   *key;
+	bool		imports = imported_entry(obj) != NULL;
 
 	read_stored(slot, &row);
-	if (!row.stale && !importing)
+	if (!row.stale && !imports)
 	{
 		int64		floor = sh_fence_floor(PointerGetDatum(row.replica_id), row.replica_id == NULL);
 
 		if (sh_state_stale(obj, row.generation, floor, row.status, row.stamp))
-			refuse_verdict(obj, &row, "it is below the object's fence or a floor, from a retired replica, or after a dropped report");
+			refuse_row(obj, &row, "it is below the object's fence or a floor, from a retired replica, or after a dropped report");
 	}
 	key = key_for(obj, row.replica_id);
-	if (!importing && key->last_seen_at > row.stamp)
-		refuse_verdict(obj, &row, "a repeat of its key was decided without it while it was being inserted");
+	if (!imports && key->last_seen_at > row.stamp)
+		refuse_row(obj, &row, "a repeat of its key was decided without it while it was being inserted");
 	key->last_at = row.stamp;
 	key->last_tid = row.tid;
-	/* A controller's re-stamped copy is not a sighting of the replica. */
-	if (!sh_fence_in_reconnect())
+	/* A controller's re-stamped copy is not a sighting of the replica (but a new key's first row is all it has). */
+	if (!sh_fence_in_reconnect() || key->last_seen_at == SH_NO_STAMP)
 		key->last_seen_at = Max(key->last_seen_at, row.stamp);
 	key->dirty = true;
 	if (!row.stale)
@@ -380,6 +489,8 @@ fold(ShObject *obj, TupleTableSlot *slot)
 		obj->dirty = true;
 	}
 	obj->last_at = row.stamp;
+	if (!event)
+		wait_for_event(obj, row.stamp);
 }
 
 /* An index scan of the object's stored rows (SnapshotSelf), above after unless SH_NO_STAMP. */
@@ -395,6 +506,7 @@ static void
 rows_begin(RowScan *s, ShObject *obj, TimestampTz after)
 {
 	ScanKeyData keys[2];
+	int			nkeys = after != SH_NO_STAMP ? 2 : 1;
 
 	s->rel = table_open(sh_relation_oid("history"), AccessShareLock);
 	s->index = index_open(sh_relation_oid("history_object_idx"), AccessShareLock);
@@ -402,8 +514,8 @@ rows_begin(RowScan *s, ShObject *obj, TimestampTz after)
 	ScanKeyInit(&keys[0], 1, BTEqualStrategyNumber, F_TEXTEQ, PointerGetDatum(obj->id));
 	keys[0].sk_collation = s->index->rd_indcollation[0];
 	ScanKeyInit(&keys[1], 2, BTGreaterStrategyNumber, F_TIMESTAMP_GT, TimestampTzGetDatum(after));
-	s->scan = index_beginscan(s->rel, s->index, SnapshotSelf, after != SH_NO_STAMP ? 2 : 1, 0);
-	index_rescan(s->scan, keys, after != SH_NO_STAMP ? 2 : 1, NULL, 0);
+	s->scan = index_beginscan(s->rel, s->index, SnapshotSelf, nkeys, 0);
+	index_rescan(s->scan, keys, nkeys, NULL, 0);
 }
 
 static void
@@ -416,9 +528,43 @@ rows_end(RowScan *s)
 }
 
 /*
+ * Fold every stored row of obj above last_at, oldest first.  event: the
+ * stamp of the row whose AFTER event is running (it does not wait for it),
+ * or SH_NO_STAMP.  True when that row was among them.
+ */
+static bool
+catch_up(ShObject *obj, TimestampTz event)
+{
+	RowScan		s;
+	bool		found = false;
+
+	rows_begin(&s, obj, obj->last_at);
+	/* The index is by occurred_at DESC: backwards is oldest first. */
+	while (index_getnext_slot(s.scan, BackwardScanDirection, s.slot))
+	{
+		bool		isnull;
+		bool		mine = event != SH_NO_STAMP &&
+			DatumGetTimestampTz(slot_getattr(s.slot, sh_history_cols(s.slot->tts_tupleDescriptor)->occurred_at,
+											 &isnull)) == event;
+
+		fold(obj, s.slot, mine);
+		found |= mine;
+	}
+	rows_end(&s);
+	return found;
+}
+
+void
+sh_state_catch_up(ShObject *obj)
+{
+	(void) catch_up(obj, SH_NO_STAMP);
+}
+
+/*
  * Recompute obj from its stored rows (a walk of all of them, newest first):
  * the definition of the state.  Keys keep their rows and last_seen_at (a
  * repeat leaves no row); a key first seen here gets its newest row's stamp.
+ * Rows waiting for their AFTER events keep waiting (they are folded).
  */
 static void
 recompute(ShObject *obj)
@@ -445,7 +591,6 @@ recompute(ShObject *obj)
 	maxopen = Max(obj->nkeys, 4);
 	open = palloc0(maxopen * sizeof(bool));
 
-	CommandCounterIncrement();	/* nothing of ours is hidden by the command counter */
 	rows_begin(&s, obj, SH_NO_STAMP);
 	while (index_getnext_slot(s.scan, ForwardScanDirection, s.slot))
 	{
@@ -505,47 +650,12 @@ recompute(ShObject *obj)
 	rows_end(&s);
 	pfree(open);
 	obj->dirty = true;
-	obj->settled_at = obj->last_at;
-}
-
-/* Fold every stored row of obj above last_at, oldest first. */
-void
-sh_state_catch_up(ShObject *obj)
-{
-	RowScan		s;
-
-	rows_begin(&s, obj, obj->last_at);
-	/* The index is by occurred_at DESC: backwards is oldest first. */
-	while (index_getnext_slot(s.scan, BackwardScanDirection, s.slot))
-		fold(obj, s.slot);
-	rows_end(&s);
-}
-
-/* The insert trigger is about to let an import below an object's newest row be stored. */
-void
-sh_state_past_import(void)
-{
-	imported_past = true;
-}
-
-/* This transaction imports (supplies stamps and stale flags): importers' flags are kept. */
-void
-sh_state_note_import(void)
-{
-	importing = true;
-}
-
-/* May a report be found to repeat its key's newest row? */
-bool
-sh_state_repeats_allowed(void)
-{
-	return !imported_past;
 }
 
 /*
  * SQL's AFTER INSERT FOR EACH ROW on the history (history.c): the stored row
- * tuple has arrived.  Settle it, and write the object back when no folded
- * row waits for its event any more.
+ * tuple has arrived.  Cross it off the rows waiting for their events (it is
+ * folded by now), and write the object back when none waits any more.
  */
 void
 sh_state_after_row(HeapTuple tuple, TupleDesc desc)
@@ -559,27 +669,17 @@ sh_state_after_row(HeapTuple tuple, TupleDesc desc)
 	ExecStoreHeapTuple(tuple, slot, false);
 	stamp = DatumGetTimestampTz(slot_getattr(slot, c->occurred_at, &isnull));
 	obj = sh_state_lock(slot_getattr(slot, c->object_id, &isnull));
-	sh_state_catch_up(obj);
-	if (stamp > obj->last_at)
-		elog(ERROR, "status_history: a stored row was not found by its object's index");
-	if (stamp > obj->settled_at)
-		obj->settled_at = stamp;
-	else
+	if (!catch_up(obj, stamp) && !event_came(obj, stamp))
 	{
-		/* Stored after rows with later stamps were folded: out of order. */
+		/* Not folded: stored after rows with later stamps were folded. */
 		StoredRow	row;
-		ShKey	   *key;
 
 		read_stored(slot, &row);
-		key = sh_state_key(obj, row.replica_id);
-		if (!importing && key != NULL && key->last_seen_at > row.stamp && key->last_at < row.stamp)
-			refuse_verdict(obj, &row, "a repeat of its key was decided without it while it was being inserted");
+		if (obj->exact && imported_entry(obj) == NULL)
+			refuse_row(obj, &row, "a report on the object stamped later was stored (and decided) before it");
 		recompute(obj);
-		if (!row.stale && !importing && strcmp(row.status, "dropped") == 0 &&
-			row.stamp < obj->current_at)
-			refuse_verdict(obj, &row, "later reports on the object were recorded before it");
 	}
-	if (obj->settled_at == obj->last_at)
+	if (!has_waiting(obj))
 		write_back(obj, slot);
 	ExecDropSingleTupleTableSlot(slot);
 }
@@ -710,9 +810,9 @@ state_xact_callback(XactEvent event, void *arg)
 			/* The memory is gone with the transaction. */
 			state_cxt = NULL;
 			objects = NULL;
+			imported = NULL;
 			writing = false;
 			being_written = NULL;
-			importing = imported_past = false;
 			newest_touch = InvalidSubTransactionId;
 			sh_notify_reset();
 			break;
@@ -750,7 +850,7 @@ sh_state_init(void)
 {
 	DefineCustomIntVariable("status_history.cache_max_objects",
 							"Objects whose state one transaction keeps in memory.",
-							"Past it, states are written back and forgotten, and read again when needed.",
+							"Past it, states nothing waits for are written back and forgotten, and read again when needed.",
 							&cache_max_objects, 262144, 1, INT_MAX / 2,
 							PGC_USERSET, 0, NULL, NULL, NULL);
 	RegisterXactCallback(state_xact_callback, NULL);

@@ -108,7 +108,12 @@ typedef struct ShObject
 	ItemPointerData tid;		/* its objects row's newest version (a hint) */
 	int64		fence;
 	TimestampTz last_at;		/* newest row folded, stale or not */
-	TimestampTz settled_at;		/* newest row whose AFTER event has come */
+	/* Folded rows whose AFTER event has not come yet, in stamp order. */
+	struct ShWaiting *waiting;
+	int			nwaiting;
+	int			maxwaiting;
+	int			firstwaiting;	/* those before it have come */
+	bool		exact;			/* waiting is all of them (not read again since) */
 	bool		has_current;	/* has a non-stale report */
 	TimestampTz current_at;		/* its stamp */
 	ItemPointerData current_tid;	/* its history row, if known (a hint) */
@@ -124,6 +129,13 @@ typedef struct ShObject
 	SubTransactionId touched;	/* newest subtransaction that read or changed it */
 } ShObject;
 
+/* A folded row, and whether its AFTER event came (state.c). */
+typedef struct ShWaiting
+{
+	TimestampTz stamp;
+	bool		came;
+} ShWaiting;
+
 /* lock.c */
 extern bool sh_lock_object(Datum object_id, int64 new_fence, ShObject *obj);
 extern void sh_read_keys(ShObject *obj, MemoryContext cxt);
@@ -135,9 +147,8 @@ extern void sh_state_catch_up(ShObject *obj);
 extern ShKey *sh_state_key(ShObject *obj, text *replica);
 extern bool sh_state_stale(const ShObject *obj, int64 generation, int64 floor,
 						   const char *status, TimestampTz stamp);
-extern void sh_state_past_import(void);
-extern void sh_state_note_import(void);
-extern bool sh_state_repeats_allowed(void);
+extern void sh_state_note_import(ShObject *obj, bool past);
+extern bool sh_state_repeats_allowed(ShObject *obj);
 extern void sh_state_seen(ShObject *obj, ShKey *key, TimestampTz seen);
 extern void sh_state_after_row(HeapTuple tuple, TupleDesc desc);
 extern void sh_state_raise_fences(Datum *ids, int n, int64 fence);

@@ -1107,7 +1107,7 @@ sub nest_marker
 		return pick('chg:gen:' . clamp($s->{G} + pick(-2, -1, 0, 1)), 'chg:rep:' . pick(qw(r1 r2 r3)), 'skip');
 	}
 	my $how = pick(qw(ck gen ab bt bt af as), $rls ? qw(pol pol) : ());
-	my @objs = map { chance(0.3) ? $own : pick(@{ $s->{slots} }) } 1 .. 1 + int rand 3;
+	my @objs = map { chance(0.12) ? $own : pick(@{ $s->{slots} }) } 1 .. 1 + int rand 3;
 	my $depth = chance(0.06) ? 40 : 1 + int rand 3;
 	my $st = chance(0.08) ? 'dropped' : pick(@STATUSES);
 	return join(':', $how, join('/', @objs), $st, $depth);
