@@ -63,8 +63,9 @@ SELECT * FROM status_history.reconnect(20, '');
 \set SHOW_CONTEXT errors
 SELECT max(fence) AS max_fence FROM status_history.objects;
 
--- Maximal generation.
-SELECT object_id, generation FROM status_history.reconnect(9223372036854775807, object_ids => ARRAY['r4']);
+-- Maximal generation (the largest bigint stands for a retired replica's floor).
+SELECT object_id, generation FROM status_history.reconnect(9223372036854775806, object_ids => ARRAY['r4']);
+SELECT stale FROM status_history.report('r4', 'running', generation => 9223372036854775805);
 SELECT stale FROM status_history.report('r4', 'running', generation => 9223372036854775806);
 SELECT stale FROM status_history.report('r4', 'running', generation => 9223372036854775807);
 

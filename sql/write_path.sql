@@ -286,6 +286,13 @@ SELECT replica_id, last_seen_at >= last_at AS seen, last_at > :'first_at' AS new
   FROM status_history.replica_state WHERE object_id = 'xp' ORDER BY replica_id;
 SELECT state_mismatches() AS after_in_flight_and_imports;
 
+-- The largest bigint stands for a retired replica's floor: no generation.
+\set VERBOSITY sqlstate
+SELECT count(*) FROM status_history.reconnect(9223372036854775807, 'r1');
+SELECT status FROM status_history.report('x', 'running', generation => 9223372036854775807);
+SELECT status_history.retire_replica('r1', 9223372036854775807);
+\set VERBOSITY default
+
 REVOKE ALL ON status_history.history FROM sh_wp_reporter;
 DROP FUNCTION public.policy_report(text);
 DROP ROLE sh_wp_reporter;

@@ -308,6 +308,26 @@ refuse_retired(Datum replica_id)
 			 errhint("Give the new replica an id of its own.")));
 }
 
+/*
+ * Refuse a generation no report or controller may have: negative, or the
+ * largest bigint (the floor of a retired replica, above every generation).
+ */
+void
+sh_check_generation(int64 generation, const char *hint)
+{
+	if (generation < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("generation must not be negative, got " INT64_FORMAT, generation),
+				 errhint("%s", hint)));
+	if (generation == SH_RETIRED)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("generation must be below " INT64_FORMAT, generation),
+				 errdetail("That generation stands for a retired replica, above every generation."),
+				 errhint("%s", hint)));
+}
+
 void
 sh_fence_refuse(int64 generation, int64 fence, const char *what)
 {
@@ -715,11 +735,7 @@ check_reconnect_args(FunctionCallInfo fcinfo)
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("generation must not be null"),
 				 errhint("Pass the generation of the controller or deployment that is reconnecting.")));
-	if (PG_GETARG_INT64(0) < 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("generation must not be negative, got " INT64_FORMAT, PG_GETARG_INT64(0)),
-				 errhint("Generations start at 0 and only grow.")));
+	sh_check_generation(PG_GETARG_INT64(0), "Generations start at 0 and only grow.");
 	if (!PG_ARGISNULL(1) && VARSIZE_ANY_EXHDR(PG_GETARG_TEXT_PP(1)) == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),

@@ -145,12 +145,7 @@ validate_report(Datum *values, bool *nulls, const ShHistoryCols *cols)
 				(errcode(ERRCODE_NOT_NULL_VIOLATION),
 				 errmsg("generation must not be null"),
 				 errhint("Omit generation to report with generation 0.")));
-	if (DatumGetInt64(values[AT(cols->generation)]) < 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("generation must not be negative, got " INT64_FORMAT,
-						DatumGetInt64(values[AT(cols->generation)])),
-				 errhint("Generations start at 0 and only grow.")));
+	sh_check_generation(DatumGetInt64(values[AT(cols->generation)]), "Generations start at 0 and only grow.");
 }
 
 /*

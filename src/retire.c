@@ -41,11 +41,8 @@ check_retire_args(FunctionCallInfo fcinfo)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("replica_id must not be empty"),
 				 errhint("Name the replica to retire.")));
-	if (!PG_ARGISNULL(1) && PG_GETARG_INT64(1) < 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("generation must not be negative, got " INT64_FORMAT, PG_GETARG_INT64(1)),
-				 errhint("Pass the controller's generation, or NULL to keep each copied report's.")));
+	if (!PG_ARGISNULL(1))
+		sh_check_generation(PG_GETARG_INT64(1), "Pass the controller's generation, or NULL to keep each copied report's.");
 	sh_fence_check_unreported("retire_replica()");
 }
 

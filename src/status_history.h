@@ -208,6 +208,7 @@ extern bool sh_fence_retire(Datum replica_id);
 extern void sh_fence_lock_scope(Datum *ids, int n);
 extern void sh_fence_put_returned_rows(ReturnSetInfo *rsinfo);
 extern void sh_fence_refuse(int64 generation, int64 fence, const char *what);
+extern void sh_check_generation(int64 generation, const char *hint);
 extern void sh_fence_set_in_reconnect(bool on);
 extern void sh_fence_check_unreported(const char *what);
 
