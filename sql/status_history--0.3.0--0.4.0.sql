@@ -30,6 +30,189 @@ COMMENT ON FUNCTION status_history.history_insert_trigger() IS
 -- Not for PUBLIC, as every function of a fresh install but the granted ones.
 REVOKE ALL ON FUNCTION status_history.history_fold_trigger() FROM PUBLIC;
 
+-- @@ rows refused one by one too (logical replication applies rows with row triggers only)
+CREATE TRIGGER history_refuse_row
+    BEFORE UPDATE OR DELETE ON status_history.history
+    FOR EACH ROW EXECUTE FUNCTION status_history.history_refuse_change();
+ALTER TABLE status_history.history ENABLE ALWAYS TRIGGER history_refuse_row;
+COMMENT ON FUNCTION status_history.history_refuse_change() IS
+    'Refuses UPDATE, DELETE and TRUNCATE on the append-only history (per statement, and per row for logical replication).';
+
+-- @@ privileges (roles)
+CREATE TABLE status_history.roles (
+    singleton    boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    reporter     regrole,
+    controller   regrole,
+    reader       regrole,
+    admin        regrole,
+    public_reads boolean NOT NULL DEFAULT true
+);
+INSERT INTO status_history.roles DEFAULT VALUES;
+SELECT pg_catalog.pg_extension_config_dump('status_history.roles', '');
+
+COMMENT ON TABLE status_history.roles IS
+    'The roles status_history.grant_roles() grants to (one row); admin may also import (supply occurred_at). Maintained by grant_roles().';
+COMMENT ON COLUMN status_history.roles.reporter IS 'May report: INSERT on the history.';
+COMMENT ON COLUMN status_history.roles.controller IS 'May report, reconnect() and retire_replica().';
+COMMENT ON COLUMN status_history.roles.reader IS 'May read the history, the state, the views and the history questions.';
+COMMENT ON COLUMN status_history.roles.admin IS 'May read, import (supply occurred_at) and prune().';
+COMMENT ON COLUMN status_history.roles.public_reads IS 'PUBLIC may read as a reader does (the default of a fresh install).';
+
+CREATE TRIGGER roles_restore_merge
+    BEFORE INSERT ON status_history.roles
+    FOR EACH ROW EXECUTE FUNCTION status_history.restore_merge();
+ALTER TABLE status_history.roles ENABLE ALWAYS TRIGGER roles_restore_merge;
+
+CREATE FUNCTION status_history.apply_privileges()
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    r      status_history.roles;
+    who    text;
+    -- Everything that reads; everything everyone may call; the rest by role.
+    reads  CONSTANT text := 'status_history.history, status_history.objects, status_history.floors,'
+        ' status_history.statuses, status_history.replica_state, status_history.replica_statuses,'
+        ' status_history.statuses_by_precedence';
+    read_functions CONSTANT text := 'status_history.latest(text[], boolean),'
+        ' status_history.latest_by_precedence(text[], boolean),'
+        ' status_history.history_of(text, timestamptz, timestamptz),'
+        ' status_history.intervals(text, timestamptz, timestamptz),'
+        ' status_history.time_in_status(timestamptz, timestamptz, text[])';
+    everyone_functions CONSTANT text := 'status_history.monotonic_now(), status_history.versions(),'
+        ' status_history.report(text, text, text, jsonb, text, bigint, timestamptz),'
+        ' status_history.report_many(text[], text[], text[], jsonb[], text[], bigint[], timestamptz[])';
+    controller_functions CONSTANT text := 'status_history.reconnect(bigint, text, text[]),'
+        ' status_history.retire_replica(text, bigint)';
+    admin_functions CONSTANT text := 'status_history.prune(integer, interval)';
+BEGIN
+    SELECT * INTO r FROM status_history.roles;
+    -- Nothing for anyone first: what an earlier version or recipe granted goes too.
+    FOR who IN SELECT 'PUBLIC'
+               UNION ALL
+               SELECT DISTINCT x::text   -- (a regrole's text is a quoted identifier)
+                 FROM pg_catalog.unnest(ARRAY[r.reporter, r.controller, r.reader, r.admin]) AS x
+                WHERE x IS NOT NULL
+    LOOP
+        EXECUTE pg_catalog.format('REVOKE ALL ON ALL TABLES IN SCHEMA status_history FROM %s', who);
+        EXECUTE pg_catalog.format('REVOKE ALL ON ALL SEQUENCES IN SCHEMA status_history FROM %s', who);
+        EXECUTE pg_catalog.format('REVOKE ALL ON ALL FUNCTIONS IN SCHEMA status_history FROM %s', who);
+    END LOOP;
+    EXECUTE 'GRANT USAGE ON SCHEMA status_history TO PUBLIC';
+    EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO PUBLIC', everyone_functions);
+    IF r.public_reads THEN
+        EXECUTE pg_catalog.format('GRANT SELECT ON %s TO PUBLIC', reads);
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO PUBLIC', read_functions);
+    END IF;
+    IF r.reporter IS NOT NULL THEN
+        EXECUTE pg_catalog.format('GRANT INSERT ON status_history.history TO %s', r.reporter::text);
+    END IF;
+    IF r.controller IS NOT NULL THEN
+        EXECUTE pg_catalog.format('GRANT INSERT ON status_history.history TO %s', r.controller::text);
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s', controller_functions, r.controller::text);
+    END IF;
+    FOR who IN SELECT DISTINCT x::text
+                 FROM pg_catalog.unnest(ARRAY[r.reader, r.admin]) AS x WHERE x IS NOT NULL
+    LOOP
+        EXECUTE pg_catalog.format('GRANT SELECT ON %s, status_history.roles TO %s', reads, who);
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s', read_functions, who);
+    END LOOP;
+    IF r.admin IS NOT NULL THEN
+        EXECUTE pg_catalog.format('GRANT INSERT ON status_history.history TO %s', r.admin::text);
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s', admin_functions, r.admin::text);
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION status_history.apply_privileges() IS
+    'Grants exactly the privileges of the recorded roles (status_history.roles) and of PUBLIC, revoking everything else from them; run by every install and upgrade script.';
+
+CREATE FUNCTION status_history.grant_roles(
+    reporter     regrole DEFAULT NULL,
+    controller   regrole DEFAULT NULL,
+    reader       regrole DEFAULT NULL,
+    admin        regrole DEFAULT NULL,
+    public_reads boolean DEFAULT false)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    old status_history.roles;
+    who regrole;
+BEGIN
+    IF public_reads IS NULL THEN
+        RAISE EXCEPTION 'public_reads must not be null'
+            USING ERRCODE = '22004', HINT = 'Pass false for least privilege (only the reader and admin roles read), true to let everyone read.';
+    END IF;
+    SELECT * INTO old FROM status_history.roles;
+    -- Roles that no longer play a part keep nothing of it.
+    FOREACH who IN ARRAY ARRAY[old.reporter, old.controller, old.reader, old.admin] LOOP
+        IF who IS NOT NULL THEN
+            EXECUTE pg_catalog.format('REVOKE ALL ON ALL TABLES IN SCHEMA status_history FROM %s', who::text);
+            EXECUTE pg_catalog.format('REVOKE ALL ON ALL SEQUENCES IN SCHEMA status_history FROM %s', who::text);
+            EXECUTE pg_catalog.format('REVOKE ALL ON ALL FUNCTIONS IN SCHEMA status_history FROM %s', who::text);
+        END IF;
+    END LOOP;
+    UPDATE status_history.roles AS r
+       SET reporter = grant_roles.reporter, controller = grant_roles.controller,
+           reader = grant_roles.reader, admin = grant_roles.admin,
+           public_reads = grant_roles.public_reads;
+    PERFORM status_history.apply_privileges();
+END
+$$;
+
+COMMENT ON FUNCTION status_history.grant_roles(regrole, regrole, regrole, regrole, boolean) IS
+    'Records the roles that report, control, read and administer (imports, prune()), and grants each exactly its part (README: Roles); public_reads => false: PUBLIC no longer reads.';
+
+-- What a database upgraded from before 0.4.0 had: the README's recipe made a
+-- role the history's owner (for imports) and revoked reading from PUBLIC.
+-- The tables go back to the extension's owner (a table's owner can run code
+-- of its own in the extension's SECURITY DEFINER functions); that role
+-- becomes the admin role, which may import; PUBLIC keeps reading or not.
+-- Run status_history.grant_roles() once with all four roles afterwards.
+DO $$
+DECLARE
+    owner   regrole := (SELECT e.extowner::regrole FROM pg_catalog.pg_extension AS e
+                         WHERE e.extname OPERATOR(pg_catalog.=) 'status_history');
+    old     regrole := (SELECT c.relowner::regrole FROM pg_catalog.pg_class AS c
+                         WHERE c.oid OPERATOR(pg_catalog.=) 'status_history.history'::pg_catalog.regclass);
+    rel     record;
+BEGIN
+    IF old OPERATOR(pg_catalog.<>) owner THEN
+        UPDATE status_history.roles SET admin = old;
+    END IF;
+    UPDATE status_history.roles
+       SET public_reads = pg_catalog.has_table_privilege('public', 'status_history.statuses', 'SELECT');
+    FOR rel IN SELECT c.oid::pg_catalog.regclass AS name, c.relkind FROM pg_catalog.pg_class AS c
+                WHERE c.relnamespace OPERATOR(pg_catalog.=) 'status_history'::pg_catalog.regnamespace
+                  AND c.relowner OPERATOR(pg_catalog.<>) owner AND c.relkind IN ('r', 'S', 'v')
+    LOOP
+        EXECUTE pg_catalog.format('ALTER %s %s OWNER TO %s',
+                                  CASE rel.relkind WHEN 'S' THEN 'SEQUENCE' WHEN 'v' THEN 'VIEW' ELSE 'TABLE' END,
+                                  rel.name, owner);
+    END LOOP;
+END
+$$;
+-- What this script creates gets what apply_privileges() gives it with these
+-- roles.  (Only what it creates: a GRANT or REVOKE in an extension script
+-- records the object's whole ACL as the extension's own, operators' grants
+-- on older objects included, and pg_dump would then no longer dump those.)
+REVOKE ALL ON TABLE status_history.roles FROM PUBLIC;
+REVOKE ALL ON FUNCTION status_history.apply_privileges() FROM PUBLIC;
+REVOKE ALL ON FUNCTION status_history.grant_roles(regrole, regrole, regrole, regrole, boolean) FROM PUBLIC;
+DO $$
+DECLARE
+    r status_history.roles;
+BEGIN
+    SELECT * INTO r FROM status_history.roles;
+    IF r.admin IS NOT NULL THEN
+        EXECUTE pg_catalog.format('GRANT SELECT ON status_history.roles TO %s', r.admin::text);
+    END IF;
+END
+$$;
+
 -- @@ versions: the library serves the SQL objects of its own version only
 -- (every upgrade script ends by replacing versions(), see the install script).
 CREATE OR REPLACE FUNCTION status_history.versions(OUT library text, OUT extension text)

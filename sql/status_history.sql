@@ -181,7 +181,7 @@ AS 'MODULE_PATHNAME', 'status_history_refuse_change'
 LANGUAGE C;
 
 COMMENT ON FUNCTION status_history.history_refuse_change() IS
-    'Refuses UPDATE, DELETE and TRUNCATE on the append-only history.';
+    'Refuses UPDATE, DELETE and TRUNCATE on the append-only history (per statement, and per row for logical replication).';
 
 CREATE TRIGGER history_insert
     BEFORE INSERT ON status_history.history
@@ -193,10 +193,16 @@ CREATE TRIGGER history_refuse_change
     BEFORE UPDATE OR DELETE OR TRUNCATE ON status_history.history
     FOR EACH STATEMENT EXECUTE FUNCTION status_history.history_refuse_change();
 
+-- Row by row too: logical replication's apply worker fires row triggers only.
+CREATE TRIGGER history_refuse_row
+    BEFORE UPDATE OR DELETE ON status_history.history
+    FOR EACH ROW EXECUTE FUNCTION status_history.history_refuse_change();
+
 -- Fire even under session_replication_role = replica.
 ALTER TABLE status_history.history ENABLE ALWAYS TRIGGER history_insert;
 ALTER TABLE status_history.history ENABLE ALWAYS TRIGGER history_fold;
 ALTER TABLE status_history.history ENABLE ALWAYS TRIGGER history_refuse_change;
+ALTER TABLE status_history.history ENABLE ALWAYS TRIGGER history_refuse_row;
 
 CREATE TRIGGER objects_guard
     BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON status_history.objects
@@ -521,8 +527,7 @@ SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION status_history.prune(integer, interval) IS
     'Removes old history: per object and replica all but the newest keep_last reports, and with older_than also those stamped before now() - older_than; never a key''s newest report, its newest non-stale report, or an object''s current report. Returns the number of rows removed.';
 
--- Not for PUBLIC: grant EXECUTE to an admin role (README, Keeping the history bounded).
-REVOKE ALL ON FUNCTION status_history.prune(integer, interval) FROM PUBLIC;
+-- Not for PUBLIC: the admin role's (apply_privileges() below).
 
 -- ---------------------------------------------------------------------------
 -- History questions.
@@ -566,23 +571,139 @@ COMMENT ON FUNCTION status_history.time_in_status(timestamptz, timestamptz, text
     'Per object (or per listed one) and status, the time spent in that status within [since, least(until, now())) and its share of that window; one pass over the window''s reports.';
 
 -- ---------------------------------------------------------------------------
--- Privileges: everyone may read; writing and fencing are granted explicitly.
+-- Privileges: one matrix, in apply_privileges().  The install script applies
+-- it, every upgrade script applies it again (so what an upgrade creates is
+-- granted as a fresh install grants it), and grant_roles() records the
+-- operator's roles and applies it to them (README: Roles).
 -- ---------------------------------------------------------------------------
-REVOKE ALL ON ALL TABLES IN SCHEMA status_history FROM PUBLIC;
-REVOKE ALL ON ALL SEQUENCES IN SCHEMA status_history FROM PUBLIC;
-REVOKE ALL ON ALL FUNCTIONS IN SCHEMA status_history FROM PUBLIC;
-GRANT USAGE ON SCHEMA status_history TO PUBLIC;
-GRANT SELECT ON status_history.history, status_history.objects, status_history.floors,
-                status_history.statuses, status_history.replica_state,
-                status_history.replica_statuses, status_history.statuses_by_precedence TO PUBLIC;
-GRANT EXECUTE ON FUNCTION status_history.latest(text[], boolean) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION status_history.latest_by_precedence(text[], boolean) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION status_history.monotonic_now() TO PUBLIC;
-GRANT EXECUTE ON FUNCTION status_history.versions() TO PUBLIC;
-GRANT EXECUTE ON FUNCTION status_history.report(text, text, text, jsonb, text, bigint, timestamptz) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION status_history.report_many(text[], text[], text[], jsonb[], text[], bigint[], timestamptz[]) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION status_history.history_of(text, timestamptz, timestamptz) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION status_history.intervals(text, timestamptz, timestamptz) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION status_history.time_in_status(timestamptz, timestamptz, text[]) TO PUBLIC;
--- Writing needs INSERT on status_history.history (granted per role); fencing
--- needs EXECUTE on reconnect().  Trigger functions need no grant to fire.
+-- @@ privileges (roles)
+CREATE TABLE status_history.roles (
+    singleton    boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    reporter     regrole,
+    controller   regrole,
+    reader       regrole,
+    admin        regrole,
+    public_reads boolean NOT NULL DEFAULT true
+);
+INSERT INTO status_history.roles DEFAULT VALUES;
+SELECT pg_catalog.pg_extension_config_dump('status_history.roles', '');
+
+COMMENT ON TABLE status_history.roles IS
+    'The roles status_history.grant_roles() grants to (one row); admin may also import (supply occurred_at). Maintained by grant_roles().';
+COMMENT ON COLUMN status_history.roles.reporter IS 'May report: INSERT on the history.';
+COMMENT ON COLUMN status_history.roles.controller IS 'May report, reconnect() and retire_replica().';
+COMMENT ON COLUMN status_history.roles.reader IS 'May read the history, the state, the views and the history questions.';
+COMMENT ON COLUMN status_history.roles.admin IS 'May read, import (supply occurred_at) and prune().';
+COMMENT ON COLUMN status_history.roles.public_reads IS 'PUBLIC may read as a reader does (the default of a fresh install).';
+
+CREATE TRIGGER roles_restore_merge
+    BEFORE INSERT ON status_history.roles
+    FOR EACH ROW EXECUTE FUNCTION status_history.restore_merge();
+ALTER TABLE status_history.roles ENABLE ALWAYS TRIGGER roles_restore_merge;
+
+CREATE FUNCTION status_history.apply_privileges()
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    r      status_history.roles;
+    who    text;
+    -- Everything that reads; everything everyone may call; the rest by role.
+    reads  CONSTANT text := 'status_history.history, status_history.objects, status_history.floors,'
+        ' status_history.statuses, status_history.replica_state, status_history.replica_statuses,'
+        ' status_history.statuses_by_precedence';
+    read_functions CONSTANT text := 'status_history.latest(text[], boolean),'
+        ' status_history.latest_by_precedence(text[], boolean),'
+        ' status_history.history_of(text, timestamptz, timestamptz),'
+        ' status_history.intervals(text, timestamptz, timestamptz),'
+        ' status_history.time_in_status(timestamptz, timestamptz, text[])';
+    everyone_functions CONSTANT text := 'status_history.monotonic_now(), status_history.versions(),'
+        ' status_history.report(text, text, text, jsonb, text, bigint, timestamptz),'
+        ' status_history.report_many(text[], text[], text[], jsonb[], text[], bigint[], timestamptz[])';
+    controller_functions CONSTANT text := 'status_history.reconnect(bigint, text, text[]),'
+        ' status_history.retire_replica(text, bigint)';
+    admin_functions CONSTANT text := 'status_history.prune(integer, interval)';
+BEGIN
+    SELECT * INTO r FROM status_history.roles;
+    -- Nothing for anyone first: what an earlier version or recipe granted goes too.
+    FOR who IN SELECT 'PUBLIC'
+               UNION ALL
+               SELECT DISTINCT x::text   -- (a regrole's text is a quoted identifier)
+                 FROM pg_catalog.unnest(ARRAY[r.reporter, r.controller, r.reader, r.admin]) AS x
+                WHERE x IS NOT NULL
+    LOOP
+        EXECUTE pg_catalog.format('REVOKE ALL ON ALL TABLES IN SCHEMA status_history FROM %s', who);
+        EXECUTE pg_catalog.format('REVOKE ALL ON ALL SEQUENCES IN SCHEMA status_history FROM %s', who);
+        EXECUTE pg_catalog.format('REVOKE ALL ON ALL FUNCTIONS IN SCHEMA status_history FROM %s', who);
+    END LOOP;
+    EXECUTE 'GRANT USAGE ON SCHEMA status_history TO PUBLIC';
+    EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO PUBLIC', everyone_functions);
+    IF r.public_reads THEN
+        EXECUTE pg_catalog.format('GRANT SELECT ON %s TO PUBLIC', reads);
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO PUBLIC', read_functions);
+    END IF;
+    IF r.reporter IS NOT NULL THEN
+        EXECUTE pg_catalog.format('GRANT INSERT ON status_history.history TO %s', r.reporter::text);
+    END IF;
+    IF r.controller IS NOT NULL THEN
+        EXECUTE pg_catalog.format('GRANT INSERT ON status_history.history TO %s', r.controller::text);
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s', controller_functions, r.controller::text);
+    END IF;
+    FOR who IN SELECT DISTINCT x::text
+                 FROM pg_catalog.unnest(ARRAY[r.reader, r.admin]) AS x WHERE x IS NOT NULL
+    LOOP
+        EXECUTE pg_catalog.format('GRANT SELECT ON %s, status_history.roles TO %s', reads, who);
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s', read_functions, who);
+    END LOOP;
+    IF r.admin IS NOT NULL THEN
+        EXECUTE pg_catalog.format('GRANT INSERT ON status_history.history TO %s', r.admin::text);
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s', admin_functions, r.admin::text);
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION status_history.apply_privileges() IS
+    'Grants exactly the privileges of the recorded roles (status_history.roles) and of PUBLIC, revoking everything else from them; run by every install and upgrade script.';
+
+CREATE FUNCTION status_history.grant_roles(
+    reporter     regrole DEFAULT NULL,
+    controller   regrole DEFAULT NULL,
+    reader       regrole DEFAULT NULL,
+    admin        regrole DEFAULT NULL,
+    public_reads boolean DEFAULT false)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    old status_history.roles;
+    who regrole;
+BEGIN
+    IF public_reads IS NULL THEN
+        RAISE EXCEPTION 'public_reads must not be null'
+            USING ERRCODE = '22004', HINT = 'Pass false for least privilege (only the reader and admin roles read), true to let everyone read.';
+    END IF;
+    SELECT * INTO old FROM status_history.roles;
+    -- Roles that no longer play a part keep nothing of it.
+    FOREACH who IN ARRAY ARRAY[old.reporter, old.controller, old.reader, old.admin] LOOP
+        IF who IS NOT NULL THEN
+            EXECUTE pg_catalog.format('REVOKE ALL ON ALL TABLES IN SCHEMA status_history FROM %s', who::text);
+            EXECUTE pg_catalog.format('REVOKE ALL ON ALL SEQUENCES IN SCHEMA status_history FROM %s', who::text);
+            EXECUTE pg_catalog.format('REVOKE ALL ON ALL FUNCTIONS IN SCHEMA status_history FROM %s', who::text);
+        END IF;
+    END LOOP;
+    UPDATE status_history.roles AS r
+       SET reporter = grant_roles.reporter, controller = grant_roles.controller,
+           reader = grant_roles.reader, admin = grant_roles.admin,
+           public_reads = grant_roles.public_reads;
+    PERFORM status_history.apply_privileges();
+END
+$$;
+
+COMMENT ON FUNCTION status_history.grant_roles(regrole, regrole, regrole, regrole, boolean) IS
+    'Records the roles that report, control, read and administer (imports, prune()), and grants each exactly its part (README: Roles); public_reads => false: PUBLIC no longer reads.';
+
+SELECT status_history.apply_privileges();
+-- Writing needs INSERT on status_history.history (reporter, controller,
+-- admin); fencing EXECUTE on reconnect(); trigger functions need no grant.

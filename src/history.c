@@ -45,6 +45,8 @@
 #include "catalog/pg_trigger.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
+#include "replication/logicalworker.h"
+#include "storage/proc.h"
 
 #include "status_history.h"
 
@@ -185,24 +187,69 @@ stamp_taken(Relation rel, TimestampTz stamp, Datum object_id, Datum status,
 }
 
 /*
- * Only the owner may supply occurred_at: finite, not too far ahead of the
- * server clock (unless the clock is already past it), not taken.
+ * The admin role of status_history.roles (InvalidOid: none), read once per
+ * transaction: its members may import.
+ */
+static Oid
+admin_role(void)
+{
+	static LocalTransactionId read_in = InvalidLocalTransactionId;
+	static Oid	admin = InvalidOid;
+	ShSavedUser saved;
+	bool		isnull;
+
+	if (read_in == MyProc->lxid)
+		return admin;
+	SPI_connect();
+	sh_become_owner(sh_relation_oid("roles"), &saved);
+	if (SPI_execute("SELECT r.admin FROM status_history.roles AS r", true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "status_history: reading status_history.roles failed");
+	admin = SPI_processed == 1 ?
+		DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)) :
+		InvalidOid;
+	if (isnull)
+		admin = InvalidOid;
+	sh_restore_user(&saved);
+	SPI_finish();
+	read_in = MyProc->lxid;
+	return admin;
+}
+
+/*
+ * Importers: superusers, and members of the admin role (grant_roles()).
+ * Not the table's owner as such: the tables belong to the extension's owner.
+ */
+static bool
+may_import(void)
+{
+	Oid			admin;
+
+	if (superuser())
+		return true;
+	admin = admin_role();
+	return OidIsValid(admin) && has_privs_of_role(GetUserId(), admin);
+}
+
+/*
+ * Only importers may supply occurred_at: finite, not too far ahead of the
+ * server clock (unless the clock is already past it, or the row comes from
+ * logical replication: the publisher's clock), not taken.
  */
 static void
 check_imported_stamp(Relation rel, TimestampTz stamp, Datum *values, const ShHistoryCols *cols)
 {
-	if (!pg_class_ownercheck(RelationGetRelid(rel), GetUserId()))
+	if (!may_import())
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-				 errmsg("only the owner of status_history.history may supply occurred_at"),
-				 errdetail("occurred_at is assigned by the database clock."),
+				 errmsg("only superusers and members of the admin role of status_history may supply occurred_at"),
+				 errdetail("occurred_at is assigned by the database clock; the admin role is the one status_history.grant_roles() recorded."),
 				 errhint("Leave occurred_at out; put the reporter's own time in reported_at.")));
 	if (TIMESTAMP_NOT_FINITE(stamp))
 		ereport(ERROR,
 				(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
 				 errmsg("occurred_at must be finite"),
 				 errhint("Import the report with the time it actually occurred.")));
-	if (max_import_lead >= 0 &&
+	if (max_import_lead >= 0 && !IsLogicalWorker() &&
 		stamp > GetCurrentTimestamp() + (int64) max_import_lead * 1000 &&
 		stamp > sh_clock_last())
 		ereport(ERROR,
@@ -585,7 +632,7 @@ status_history_fold_trigger(PG_FUNCTION_ARGS)
 	return PointerGetDatum(NULL);
 }
 
-/* SQL: BEFORE UPDATE OR DELETE OR TRUNCATE FOR EACH STATEMENT */
+/* SQL: BEFORE UPDATE OR DELETE OR TRUNCATE FOR EACH STATEMENT, and BEFORE UPDATE OR DELETE FOR EACH ROW (logical replication applies rows with row triggers only) */
 Datum
 status_history_refuse_change(PG_FUNCTION_ARGS)
 {
@@ -595,8 +642,10 @@ status_history_refuse_change(PG_FUNCTION_ARGS)
 	sh_check_version();
 	check_trigger_call(fcinfo, "history_refuse_change");
 	/* prune()'s own DELETE, and nothing it sets off (prune.c). */
-	if (sh_prune_take_delete() && TRIGGER_FIRED_BY_DELETE(trigdata->tg_event))
-		return PointerGetDatum(NULL);
+	if (TRIGGER_FIRED_BY_DELETE(trigdata->tg_event) &&
+		sh_prune_take_delete(TRIGGER_FIRED_FOR_ROW(trigdata->tg_event)))
+		return TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) ?
+			PointerGetDatum(trigdata->tg_trigtuple) : PointerGetDatum(NULL);
 	if (TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event))
 		what = "UPDATE";
 	else if (TRIGGER_FIRED_BY_DELETE(trigdata->tg_event))

@@ -64,18 +64,26 @@ trigger_depth(void)
 	return DatumGetInt32(DirectFunctionCall1(pg_trigger_depth, (Datum) 0));
 }
 
+/* The statement-level firing of prune's DELETE has been let through. */
+static bool prune_statement_taken = false;
+
 /*
- * Called by history_refuse_change on every firing: true only for the first
- * firing while prune's DELETE runs, and only at the depth that DELETE fires
- * it at.  Any firing closes the door.
+ * Called by history_refuse_change on every firing of a DELETE: true only
+ * while prune's DELETE runs, at the depth that DELETE fires it at -- once
+ * for the statement-level trigger, and for each row of its row-level one.
+ * A DELETE from inside it (an owner's trigger) fires at another depth.
  */
 bool
-sh_prune_take_delete(void)
+sh_prune_take_delete(bool row)
 {
-	int			depth = prune_delete_depth;
-
-	prune_delete_depth = -1;
-	return depth >= 0 && trigger_depth() == depth;
+	if (prune_delete_depth < 0 || trigger_depth() != prune_delete_depth)
+		return false;
+	if (row)
+		return true;
+	if (prune_statement_taken)
+		return false;
+	prune_statement_taken = true;
+	return true;
 }
 
 /*
@@ -148,6 +156,7 @@ delete_batch(SPIPlanPtr plan, Datum *args, const char *nulls, Snapshot snapshot)
 	int			ret;
 
 	prune_delete_depth = trigger_depth() + 1;
+	prune_statement_taken = false;
 	PG_TRY();
 	{
 		ret = SPI_execute_snapshot(plan, args, nulls, snapshot, InvalidSnapshot, false, true, 0);

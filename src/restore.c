@@ -2,8 +2,8 @@
  * restore.c — what other SQL on the state tables means for the extension:
  * the guard that makes the transaction's states be read again after someone
  * else's statement on status_history.objects, floors or replica_state, and
- * the merge that turns rows a restore inserts there into changes of what
- * exists.
+ * the merge that turns rows a restore inserts there (or into roles) into
+ * changes of what exists.
  *
  * A restore (pg_restore, psql < dump, or an owner's import) loads the
  * history as imports, which rebuild each object's state, and loads these
@@ -18,6 +18,7 @@
 
 #include "access/htup_details.h"
 #include "commands/trigger.h"
+#include "miscadmin.h"
 #include "executor/spi.h"
 #include "storage/lmgr.h"
 #include "utils/rel.h"
@@ -63,9 +64,9 @@ status_history_restore_merge(PG_FUNCTION_ARGS)
 	/*
 	 * Per table: keep the higher fence and the higher floor; a key's
 	 * last_seen_at is the dump's (the history's restore counts controller
-	 * copies as sightings, the dump knows better).
+	 * copies as sightings, the dump knows better); the roles are the dump's.
 	 */
-	static const char *const merges[3] = {
+	static const char *const merges[4] = {
 		"INSERT INTO status_history.objects AS o SELECT ($1).*"
 		"    ON CONFLICT (object_id) DO UPDATE"
 		"   SET fence = pg_catalog.int8larger(o.fence, excluded.fence)",
@@ -74,10 +75,15 @@ status_history_restore_merge(PG_FUNCTION_ARGS)
 		"   SET generation = pg_catalog.int8larger(f.generation, excluded.generation)",
 		"INSERT INTO status_history.replica_state AS k SELECT ($1).*"
 		"    ON CONFLICT (object_id, replica_id) DO UPDATE"
-		"   SET last_seen_at = excluded.last_seen_at"
+		"   SET last_seen_at = excluded.last_seen_at",
+		"INSERT INTO status_history.roles AS r SELECT ($1).*"
+		"    ON CONFLICT (singleton) DO UPDATE"
+		"   SET reporter = excluded.reporter, controller = excluded.controller,"
+		"       reader = excluded.reader, admin = excluded.admin,"
+		"       public_reads = excluded.public_reads"
 	};
-	static SPIPlanPtr plans[3] = {NULL, NULL, NULL};
-	static Oid	plan_types[3] = {InvalidOid, InvalidOid, InvalidOid};
+	static SPIPlanPtr plans[4] = {NULL, NULL, NULL, NULL};
+	static Oid	plan_types[4] = {InvalidOid, InvalidOid, InvalidOid, InvalidOid};
 	TriggerData *trigdata = (TriggerData *) fcinfo->context;
 	Relation	rel;
 	int			which;
@@ -98,7 +104,8 @@ status_history_restore_merge(PG_FUNCTION_ARGS)
 
 	rel = trigdata->tg_relation;
 	which = RelationGetRelid(rel) == sh_relation_oid("objects") ? 0 :
-		RelationGetRelid(rel) == sh_relation_oid("floors") ? 1 : 2;
+		RelationGetRelid(rel) == sh_relation_oid("floors") ? 1 :
+		RelationGetRelid(rel) == sh_relation_oid("replica_state") ? 2 : 3;
 	/*
 	 * A parallel restore loads the history (whose trigger locks object rows
 	 * in history order) and this table (in its own order) at once: merge
@@ -134,6 +141,16 @@ status_history_restore_merge(PG_FUNCTION_ARGS)
 	if (ret != SPI_OK_INSERT)
 		elog(ERROR, "status_history: merging a restored row failed: %s", SPI_result_code_string(ret));
 	sh_restore_user(&saved);
+	/* Restored roles get their privileges (GRANTs an upgrade made are the extension's: not dumped). */
+	if (which == 3)
+	{
+		if (!superuser())
+			ereport(NOTICE,
+					(errmsg("the roles of status_history were restored, but not their privileges"),
+					 errhint("Run SELECT status_history.apply_privileges() as a superuser.")));
+		else if (SPI_execute("SELECT status_history.apply_privileges()", false, 0) != SPI_OK_SELECT)
+			elog(ERROR, "status_history: applying the restored roles' privileges failed");
+	}
 	SPI_finish();
 	/* Merged: the original row is not inserted. */
 	return PointerGetDatum(NULL);

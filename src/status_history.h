@@ -213,6 +213,6 @@ extern void sh_fence_set_in_reconnect(bool on);
 extern void sh_fence_check_unreported(const char *what);
 
 /* prune.c */
-extern bool sh_prune_take_delete(void);
+extern bool sh_prune_take_delete(bool row);
 
 #endif							/* STATUS_HISTORY_H */

@@ -9,37 +9,18 @@
 BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
 CREATE EXTENSION status_history;
-SELECT plan(44);
+SELECT plan(54);
 
--- The recipe (README, "Roles").
+-- The recipe (README, "Roles"): the roles, then the shipped function that
+-- grants each its part (PUBLIC no longer reads).
 CREATE ROLE sh_reporter NOLOGIN;
-GRANT INSERT ON status_history.history TO sh_reporter;
 CREATE ROLE sh_controller NOLOGIN;
-GRANT sh_reporter TO sh_controller;
-GRANT EXECUTE ON FUNCTION status_history.reconnect(bigint, text, text[]),
-                          status_history.retire_replica(text, bigint) TO sh_controller;
 CREATE ROLE sh_reader NOLOGIN;
 CREATE ROLE sh_admin NOLOGIN;
-ALTER TABLE status_history.history OWNER TO sh_admin;
-GRANT EXECUTE ON FUNCTION status_history.prune(integer, interval) TO sh_admin;
--- Least privilege: only the reader role reads; PUBLIC no longer does.
-REVOKE SELECT ON status_history.history, status_history.objects, status_history.floors,
-                 status_history.statuses, status_history.statuses_by_precedence,
-                 status_history.replica_state, status_history.replica_statuses FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION status_history.latest(text[], boolean),
-                           status_history.latest_by_precedence(text[], boolean) FROM PUBLIC;
-GRANT SELECT ON status_history.history, status_history.objects, status_history.floors,
-                status_history.statuses, status_history.statuses_by_precedence,
-                status_history.replica_state, status_history.replica_statuses TO sh_reader, sh_admin;
-GRANT EXECUTE ON FUNCTION status_history.latest(text[], boolean),
-                          status_history.latest_by_precedence(text[], boolean) TO sh_reader, sh_admin;
-REVOKE EXECUTE ON FUNCTION status_history.history_of(text, timestamptz, timestamptz),
-                           status_history.intervals(text, timestamptz, timestamptz),
-                           status_history.time_in_status(timestamptz, timestamptz, text[]) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION status_history.history_of(text, timestamptz, timestamptz),
-                          status_history.intervals(text, timestamptz, timestamptz),
-                          status_history.time_in_status(timestamptz, timestamptz, text[]) TO sh_reader, sh_admin;
+SELECT status_history.grant_roles(reporter => 'sh_reporter', controller => 'sh_controller',
+                                  reader => 'sh_reader', admin => 'sh_admin', public_reads => false);
 
+CREATE SCHEMA adm AUTHORIZATION sh_admin;   -- the admin's own code lives here
 CREATE TABLE unrelated (x int);
 INSERT INTO unrelated VALUES (1);
 
@@ -65,7 +46,7 @@ SELECT throws_ok($$INSERT INTO status_history.floors VALUES (NULL, 99)$$, '42501
 SELECT throws_ok($$SELECT pg_catalog.setval('status_history.clock_bound', 1)$$, '42501', NULL,
                  'reporter: does not move the clock bound');
 SELECT throws_ok($$INSERT INTO status_history.history (occurred_at, object_id, status) VALUES (now(), 'r1', 'running')$$,
-                 '42501', 'only the owner of status_history.history may supply occurred_at', 'reporter: no imports');
+                 '42501', 'only superusers and members of the admin role of status_history may supply occurred_at', 'reporter: no imports');
 SELECT throws_ok($$DELETE FROM status_history.history$$, '42501', NULL, 'reporter: no DELETE');
 SELECT throws_ok($$SELECT status_history.prune(1)$$, '42501', NULL, 'reporter: no prune()');
 -- A hostile search_path: the reporter's own text, timestamptz and int4 in
@@ -97,7 +78,7 @@ SELECT lives_ok($$SELECT * FROM status_history.reconnect(2, object_ids => ARRAY[
                 'controller: reconnect() with a list');
 SELECT lives_ok($$SELECT status_history.report('r1', 'paused', generation => 2)$$, 'controller: report()');
 SELECT throws_ok($$INSERT INTO status_history.history (occurred_at, object_id, status) VALUES (now(), 'r1', 'running')$$,
-                 '42501', 'only the owner of status_history.history may supply occurred_at', 'controller: no imports');
+                 '42501', 'only superusers and members of the admin role of status_history may supply occurred_at', 'controller: no imports');
 SELECT throws_ok($$UPDATE status_history.objects SET fence = 0$$, '42501', NULL, 'controller: fences only through reconnect()');
 SELECT throws_ok($$SELECT * FROM status_history.statuses$$, '42501', NULL, 'controller: does not read statuses');
 SELECT throws_ok($$SELECT status_history.prune(1)$$, '42501', NULL, 'controller: no prune()');
@@ -129,19 +110,53 @@ SELECT throws_ok($$SELECT * FROM status_history.report_many(ARRAY['r1'], ARRAY['
                  'reader: report_many() refused before it locks anything');
 RESET ROLE;
 
--- The admin: imports (owner of the history), and reads.
+-- The admin: imports (a member of the admin role, not the owner), reads, prunes.
 SET ROLE sh_admin;
 SELECT lives_ok($$INSERT INTO status_history.history (occurred_at, object_id, status)
                   VALUES ('2020-01-01 00:00:00+00', 'imported', 'running')$$, 'admin: imports a stamp');
 SELECT is((SELECT status FROM status_history.statuses WHERE object_id = 'imported'), 'running',
           'admin: the import is current');
-SELECT throws_ok($$DELETE FROM status_history.history$$, '0A000', NULL,
-                 'admin: the history stays append-only for its owner too');
+SELECT throws_ok($$DELETE FROM status_history.history$$, '42501', NULL,
+                 'admin: no DELETE');
+-- The admin owns nothing of the extension: no trigger, constraint or index
+-- of its own can run in the extension's SECURITY DEFINER functions (as the
+-- 0.3.0 recipe's owner's could, and become superuser), and the triggers
+-- that keep the history append-only stay.
+CREATE FUNCTION adm.grab() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN EXECUTE 'ALTER ROLE sh_admin SUPERUSER'; RETURN NULL; END $$;
+SELECT throws_ok($$CREATE TRIGGER a_grab BEFORE DELETE ON status_history.history
+                   FOR EACH STATEMENT EXECUTE FUNCTION adm.grab()$$, '42501', NULL,
+                 'admin: no trigger of its own on the history');
+SELECT throws_ok($$ALTER TABLE status_history.history ADD CONSTRAINT c CHECK (adm.grab() IS NULL) NOT VALID$$,
+                 '42501', NULL, 'admin: no constraint of its own on the history');
+SELECT throws_ok($$CREATE INDEX ON status_history.history ((object_id || 'x'))$$, '42501', NULL,
+                 'admin: no index of its own on the history');
+SELECT throws_ok($$ALTER TABLE status_history.history DISABLE TRIGGER history_refuse_change$$, '42501', NULL,
+                 'admin: cannot disable the append-only triggers');
+SELECT throws_ok($$DROP TRIGGER history_refuse_change ON status_history.history$$, '42501', NULL,
+                 'admin: cannot drop them');
+SELECT throws_ok($$CREATE TRIGGER a_grab BEFORE UPDATE ON status_history.objects
+                   FOR EACH ROW EXECUTE FUNCTION adm.grab()$$, '42501', NULL,
+                 'admin: no trigger of its own on the state');
 SELECT throws_ok($$SELECT * FROM status_history.reconnect(9)$$, '42501', NULL, 'admin: no reconnect() unless granted');
 SELECT cmp_ok((SELECT status_history.prune(1)), '>', 0::bigint, 'admin: prune() (r1 has three reports)');
 SELECT is((SELECT count(*) FROM status_history.history WHERE object_id = 'r1'), 1::bigint,
           'admin: prune(1) left r1 its newest report');
+SELECT throws_ok($$SELECT status_history.grant_roles(admin => 'sh_admin', public_reads => true)$$, '42501', NULL,
+                 'admin: does not change the roles');
 RESET ROLE;
+SELECT is((SELECT rolsuper FROM pg_roles WHERE rolname = 'sh_admin'), false, 'admin: still no superuser');
+SELECT is((SELECT string_agg(DISTINCT c.relowner::regrole::text, ', ') FROM pg_class c
+            WHERE c.relnamespace = 'status_history'::regnamespace),
+          (SELECT e.extowner::regrole::text FROM pg_extension e WHERE e.extname = 'status_history'),
+          'every relation belongs to the extension''s owner');
+-- grant_roles() again with other roles: the old ones keep nothing.
+CREATE ROLE sh_reader2 NOLOGIN;
+SELECT status_history.grant_roles(reporter => 'sh_reporter', controller => 'sh_controller',
+                                  reader => 'sh_reader2', admin => 'sh_admin', public_reads => false);
+SELECT is((SELECT has_table_privilege('sh_reader', 'status_history.statuses', 'SELECT')
+               OR has_function_privilege('sh_reader', 'status_history.latest(text[], boolean)', 'EXECUTE')),
+          false, 'a role no longer named keeps nothing of its part');
 
 -- No function the extension ships is executable by PUBLIC unless meant to be.
 SELECT is(
