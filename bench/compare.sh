@@ -4,7 +4,7 @@
 # built and installed into a private copy of the PostgreSQL installation under
 # /tmp (the system's installation is not touched), and each round runs both,
 # one after the other, on a fresh cluster with the tuned settings of
-# bench/run.sh.  Figures: report() vs a plain INSERT with 1 and 8 clients
+# bench/run.sh (BENCH_DEFAULT_CONF=1: the default postgresql.conf).  Figures: report() vs a plain INSERT with 1 and 8 clients
 # (transactions per second), one INSERT ... SELECT of BULK reports over
 # OBJECTS objects, and reconnect() over those objects, each against its plain
 # baseline.  Prints one line per revision and round; compare the medians.
@@ -50,6 +50,9 @@ run_rev() {
 listen_addresses = ''
 port = $port
 unix_socket_directories = '$work'
+EOF
+    # BENCH_DEFAULT_CONF=1: the postgresql.conf a new user has.
+    [ "${BENCH_DEFAULT_CONF:-0}" = 1 ] || cat >>"$d/postgresql.conf" <<EOF
 shared_buffers = '1GB'
 max_wal_size = '8GB'
 synchronous_commit = off

@@ -77,7 +77,6 @@ static MemoryContext state_cxt = NULL;	/* child of TopTransactionContext */
 static HTAB *objects = NULL;
 static Oid	state_relid = InvalidOid;	/* the objects table the entries describe */
 static bool state_recheck = false;	/* that table may have been dropped */
-static bool writing = false;	/* our own SQL on the state tables is running */
 static ShObject *being_written = NULL;	/* sh_write_object() runs for it */
 static SubTransactionId newest_touch = InvalidSubTransactionId;
 
@@ -731,7 +730,7 @@ sh_state_settle(void)
 	ShObject   *obj;
 
 	state_check_table();
-	if (objects == NULL || writing)
+	if (objects == NULL || sh_own_write())
 		return;
 	hash_seq_init(&seq, objects);
 	while ((obj = hash_seq_search(&seq)) != NULL)
@@ -762,33 +761,6 @@ sh_state_invalidate(void)
 	}
 }
 
-/* Run one of our own statements on our tables, without tripping the guards. */
-int
-sh_execute_own(SPIPlanPtr plan, Datum *args, const char *nulls)
-{
-	int			ret;
-	bool		was_writing = writing;
-
-	writing = true;
-	PG_TRY();
-	{
-		ret = sh_execute_latest(plan, args, nulls, false, 0);
-	}
-	PG_FINALLY();
-	{
-		writing = was_writing;
-	}
-	PG_END_TRY();
-	return ret;
-}
-
-/* True while the extension's own SQL writes its tables. */
-bool
-sh_own_write(void)
-{
-	return writing;
-}
-
 /* ---- transaction boundaries ---- */
 
 static void
@@ -811,7 +783,6 @@ state_xact_callback(XactEvent event, void *arg)
 			state_cxt = NULL;
 			objects = NULL;
 			imported = NULL;
-			writing = false;
 			being_written = NULL;
 			newest_touch = InvalidSubTransactionId;
 			sh_notify_reset();

@@ -1,7 +1,9 @@
 /*
  * status_history.h — declarations shared by the files in src/.
  *
- * module.c     loading, running SPI as the extension owner, kept SPI plans, column lookups
+ * module.c     loading: _PG_init
+ * util.c       shared helpers: relations and columns by name, SPI as the extension owner,
+ *              kept SPI plans, the version check
  * clock.c      the monotonic clock (monotonic_now)
  * history.c    the triggers on status_history.history, report() and report_many()
  * lock.c       locking an object's row; reading its row and its keys' rows
@@ -9,7 +11,8 @@
  * writeback.c  writing an object's state back to its rows; notifying changes
  * rowwrite.c   writing one row by its TID, without a statement
  * restore.c    other SQL on the state tables: the guard, and merging restored rows
- * fence.c      generation floors and reconnect()
+ * floors.c     the generation floors as reporters read them; what reconnect() must know
+ * fence.c      reconnect(): raising floors and fences, locking a scope, re-stamped copies
  * retire.c     retire_replica(): a replica gone for good
  * notify.c     NOTIFY status_history when an object's status changes
  * latest.c     the latest() set-returning function; copying history rows into a result
@@ -30,7 +33,7 @@
 #define SH_SCHEMA "status_history"
 #define SH_SEARCH_PATH "pg_catalog, pg_temp"
 
-/* module.c */
+/* util.c */
 typedef struct ShSavedUser
 {
 	Oid			userid;
@@ -193,14 +196,19 @@ extern void sh_history_init(void);
 /* latest.c */
 extern void sh_put_history_rows(ReturnSetInfo *rsinfo, SPIPlanPtr plan, Datum *args);
 
-/* fence.c */
-extern void sh_fence_init(void);
+/* floors.c */
+extern void sh_floors_init(void);
 extern int64 sh_fence_floor(Datum replica_id, bool replica_null);
 extern int64 sh_fence_new_object(void);
 extern int64 sh_fence_committed_floor(Datum replica_id, bool replica_null);
 extern void sh_fence_forget_floors(void);
 extern bool sh_fence_in_reconnect(void);
 extern void sh_fence_note_report(void);
+extern void sh_fence_set_in_reconnect(bool on);
+extern void sh_fence_check_unreported(const char *what);
+
+/* fence.c */
+extern void sh_fence_init(void);
 extern int	sh_sort_ids(Datum *ids, int n);
 /* The floor of a retired replica: above every generation. */
 #define SH_RETIRED PG_INT64_MAX
@@ -209,8 +217,6 @@ extern void sh_fence_lock_scope(Datum *ids, int n);
 extern void sh_fence_put_returned_rows(ReturnSetInfo *rsinfo);
 extern void sh_fence_refuse(int64 generation, int64 fence, const char *what);
 extern void sh_check_generation(int64 generation, const char *hint);
-extern void sh_fence_set_in_reconnect(bool on);
-extern void sh_fence_check_unreported(const char *what);
 
 /* prune.c */
 extern bool sh_prune_take_delete(bool row);
