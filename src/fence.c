@@ -602,11 +602,13 @@ status_history_reconnect(PG_FUNCTION_ARGS)
 				sh_fence_refuse(generation, obj->fence,
 								psprintf("object \"%s\"", TextDatumGetCString(ids[i])));
 		}
-		sh_state_raise_fences(ids, n, generation);
 		/* The copies below are read from the state tables: bring them up to date. */
 		sh_state_settle();
+		/* Raised fences are written with the copies' write-backs, or after them. */
+		sh_state_raise_fences(ids, n, generation);
 		if (n > 0)
 			append_copies(rsinfo, ids, n, generation, replica_id, replica_null);
+		sh_state_write_fences(ids, n);
 	}
 	PG_FINALLY();
 	{

@@ -608,6 +608,7 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 	values[AT(cols->stale)] = BoolGetDatum(stale);
 	nulls[AT(cols->stale)] = false;
 	capture_before(trigdata, stamp, NULL);
+	sh_state_handed(obj, stamp);
 	return PointerGetDatum(heap_form_tuple(desc, values, nulls));
 }
 

@@ -215,7 +215,8 @@ state_shrink(void)
 	{
 		text	   *id = obj->id;
 
-		if (obj->valid && has_waiting(obj))
+		/* (Nor those with rows handed over and not folded yet: they would be missed.) */
+		if (obj->valid && (has_waiting(obj) || obj->handed > 0))
 			continue;
 		if (obj->valid)
 			write_back(obj, NULL);
@@ -280,13 +281,28 @@ sh_state_lock(Datum object_id)
 	if (!created)
 		sh_read_keys(&fresh, state_cxt);
 	fresh.valid = true;
+	fresh.handed_at = SH_NO_STAMP;
 	/*
 	 * Read for the first time in this transaction, nothing of the object can
-	 * be waiting for its AFTER event (every earlier row locked it).  Read
-	 * again, it may: its list is unknown.  (Its old memory goes with the
-	 * transaction: a caller up the stack may still point at it.)
+	 * be waiting for its AFTER event, or handed over and not folded (every
+	 * row locked it first).  Read again, it may: its waiting list is unknown,
+	 * and rows handed over are looked for by a scan.  (Its old memory goes
+	 * with the transaction: a caller up the stack may still point at it.)
 	 */
 	fresh.exact = !again;
+	if (again && obj->handed_at != SH_NO_STAMP && obj->handed_at > fresh.last_at)
+	{
+		fresh.handed_at = obj->handed_at;
+		fresh.handed = 2;
+	}
+	/* A fence raised and not written yet, by a subtransaction that lives on. */
+	if (again && obj->fence_unwritten && obj->fence > fresh.fence)
+	{
+		fresh.fence = obj->fence;
+		fresh.fence_unwritten = true;
+		fresh.fence_raised_in = obj->fence_raised_in;
+		fresh.dirty = true;
+	}
 	obj = hash_search(objects, &fresh.id, HASH_ENTER, &found);
 	*obj = fresh;
 	touch(obj);
@@ -526,37 +542,90 @@ rows_end(RowScan *s)
 	table_close(s->rel, AccessShareLock);
 }
 
+/* The stored row stamped stamp, into slot (ours included, as the catch-up scans see them). */
+static bool
+stored_by_stamp(TimestampTz stamp, TupleTableSlot **slot, Relation *rel)
+{
+	*rel = table_open(sh_relation_oid("history"), AccessShareLock);
+	*slot = table_slot_create(*rel, NULL);
+	return sh_history_find_stamp(*rel, stamp, *slot);
+}
+
 /*
- * Fold every stored row of obj above last_at, oldest first.  event: the
- * stamp of the row whose AFTER event is running (it does not wait for it),
- * or SH_NO_STAMP.  True when that row was among them.
+ * Fold every stored row of obj above last_at, oldest first.  Only rows the
+ * insert trigger handed over can have been stored since (nobody else adds
+ * rows of a locked object): none, nothing to do; one, it is the AFTER
+ * event's row or is found by its stamp; more, a scan of the object's index.
+ * event: the AFTER event's stored row (it does not wait for its event), or
+ * NULL.  True when that row was folded now.
  */
 static bool
-catch_up(ShObject *obj, TimestampTz event)
+catch_up(ShObject *obj, TupleTableSlot *event)
 {
-	RowScan		s;
 	bool		found = false;
+	bool		isnull;
+	TimestampTz event_stamp = event == NULL ? SH_NO_STAMP :
+		DatumGetTimestampTz(slot_getattr(event, sh_history_cols(event->tts_tupleDescriptor)->occurred_at,
+										 &isnull));
 
-	rows_begin(&s, obj, obj->last_at);
-	/* The index is by occurred_at DESC: backwards is oldest first. */
-	while (index_getnext_slot(s.scan, BackwardScanDirection, s.slot))
+	if (obj->handed_at == SH_NO_STAMP || obj->handed_at <= obj->last_at)
 	{
-		bool		isnull;
-		bool		mine = event != SH_NO_STAMP &&
-			DatumGetTimestampTz(slot_getattr(s.slot, sh_history_cols(s.slot->tts_tupleDescriptor)->occurred_at,
-											 &isnull)) == event;
-
-		fold(obj, s.slot, mine);
-		found |= mine;
+		obj->handed = 0;
+		return false;
 	}
-	rows_end(&s);
+	if (obj->handed == 1)
+	{
+		if (event_stamp == obj->handed_at)
+		{
+			fold(obj, event, true);
+			found = true;
+		}
+		else
+		{
+			TupleTableSlot *slot;
+			Relation	rel;
+
+			if (stored_by_stamp(obj->handed_at, &slot, &rel))
+				fold(obj, slot, false);
+			ExecDropSingleTupleTableSlot(slot);
+			table_close(rel, AccessShareLock);
+		}
+	}
+	else
+	{
+		RowScan		s;
+
+		rows_begin(&s, obj, obj->last_at);
+		/* The index is by occurred_at DESC: backwards is oldest first. */
+		while (index_getnext_slot(s.scan, BackwardScanDirection, s.slot))
+		{
+			bool		mine = event != NULL &&
+				DatumGetTimestampTz(slot_getattr(s.slot, sh_history_cols(s.slot->tts_tupleDescriptor)->occurred_at,
+												 &isnull)) == event_stamp;
+
+			fold(obj, s.slot, mine);
+			found |= mine;
+		}
+		rows_end(&s);
+	}
+	if (obj->last_at >= obj->handed_at)
+		obj->handed = 0;
 	return found;
+}
+
+/* The insert trigger lets a row of obj stamped stamp go to be stored. */
+void
+sh_state_handed(ShObject *obj, TimestampTz stamp)
+{
+	if (obj->handed_at == SH_NO_STAMP || stamp > obj->handed_at)
+		obj->handed_at = stamp;
+	obj->handed = Min(obj->handed + 1, 2);
 }
 
 void
 sh_state_catch_up(ShObject *obj)
 {
-	(void) catch_up(obj, SH_NO_STAMP);
+	(void) catch_up(obj, NULL);
 }
 
 /*
@@ -668,7 +737,7 @@ sh_state_after_row(HeapTuple tuple, TupleDesc desc)
 	ExecStoreHeapTuple(tuple, slot, false);
 	stamp = DatumGetTimestampTz(slot_getattr(slot, c->occurred_at, &isnull));
 	obj = sh_state_lock(slot_getattr(slot, c->object_id, &isnull));
-	if (!catch_up(obj, stamp) && !event_came(obj, stamp))
+	if (!catch_up(obj, slot) && !event_came(obj, stamp))
 	{
 		/* Not folded: stored after rows with later stamps were folded. */
 		StoredRow	row;
@@ -694,17 +763,14 @@ sh_state_seen(ShObject *obj, ShKey *key, TimestampTz seen)
 
 /*
  * reconnect(): raise the fence of every listed object (locked already) to
- * at least fence, and write it at once: a fence is no function of stored
- * rows, so no state may hold it unwritten.
+ * at least fence.  A fence is no function of stored rows: it is written with
+ * the object's next write-back (a re-stamped copy's), or by
+ * sh_state_write_fences(), and until then survives the state being read
+ * again (unless the subtransaction that raised it aborts).
  */
 void
 sh_state_raise_fences(Datum *ids, int n, int64 fence)
 {
-	ShFenceWriter *w;
-
-	if (n == 0)
-		return;
-	w = sh_fence_writer_begin();
 	for (int i = 0; i < n; i++)
 	{
 		ShObject   *obj = sh_state_lock(ids[i]);
@@ -712,9 +778,31 @@ sh_state_raise_fences(Datum *ids, int n, int64 fence)
 		if (obj->fence >= fence)
 			continue;
 		obj->fence = fence;
-		sh_write_fence(w, obj);
+		obj->fence_unwritten = true;
+		obj->fence_raised_in = GetCurrentSubTransactionId();
+		obj->dirty = true;
 	}
-	sh_fence_writer_end(w);
+}
+
+/* Write the raised fences no write-back has written yet (fences only, by TID). */
+void
+sh_state_write_fences(Datum *ids, int n)
+{
+	ShFenceWriter *w = NULL;
+
+	for (int i = 0; i < n; i++)
+	{
+		ShObject   *obj = sh_state_lock(ids[i]);
+
+		if (!obj->fence_unwritten)
+			continue;
+		if (w == NULL)
+			w = sh_fence_writer_begin();
+		sh_write_fence(w, obj);
+		obj->fence_unwritten = false;
+	}
+	if (w != NULL)
+		sh_fence_writer_end(w);
 }
 
 /*
@@ -804,8 +892,12 @@ state_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 
 		hash_seq_init(&seq, objects);
 		while ((obj = hash_seq_search(&seq)) != NULL)
+		{
 			if (obj->touched >= mySubid)
 				obj->valid = false;
+			if (obj->fence_unwritten && obj->fence_raised_in >= mySubid)
+				obj->fence_unwritten = false;	/* (the fence read again is the table's) */
+		}
 	}
 }
 

@@ -110,6 +110,8 @@ typedef struct ShObject
 	text	   *id;				/* hash key, in the state's memory */
 	ItemPointerData tid;		/* its objects row's newest version (a hint) */
 	int64		fence;
+	bool		fence_unwritten;	/* raised by reconnect(), not written yet */
+	SubTransactionId fence_raised_in;	/* the subtransaction that raised it */
 	TimestampTz last_at;		/* newest row folded, stale or not */
 	/* Folded rows whose AFTER event has not come yet, in stamp order. */
 	struct ShWaiting *waiting;
@@ -117,6 +119,9 @@ typedef struct ShObject
 	int			maxwaiting;
 	int			firstwaiting;	/* those before it have come */
 	bool		exact;			/* waiting is all of them (not read again since) */
+	/* Rows the insert trigger let go to be stored since all were folded. */
+	TimestampTz handed_at;		/* the newest one's stamp */
+	int			handed;			/* how many (2: at least that many, or not known) */
 	bool		has_current;	/* has a non-stale report */
 	TimestampTz current_at;		/* its stamp */
 	ItemPointerData current_tid;	/* its history row, if known (a hint) */
@@ -147,6 +152,7 @@ extern void sh_read_keys(ShObject *obj, MemoryContext cxt);
 extern void sh_state_init(void);
 extern ShObject *sh_state_lock(Datum object_id);
 extern void sh_state_catch_up(ShObject *obj);
+extern void sh_state_handed(ShObject *obj, TimestampTz stamp);
 extern ShKey *sh_state_key(ShObject *obj, text *replica);
 extern bool sh_state_stale(const ShObject *obj, int64 generation, int64 floor,
 						   const char *status, TimestampTz stamp);
@@ -155,6 +161,7 @@ extern bool sh_state_repeats_allowed(ShObject *obj);
 extern void sh_state_seen(ShObject *obj, ShKey *key, TimestampTz seen);
 extern void sh_state_after_row(HeapTuple tuple, TupleDesc desc);
 extern void sh_state_raise_fences(Datum *ids, int n, int64 fence);
+extern void sh_state_write_fences(Datum *ids, int n);
 extern void sh_state_settle(void);
 extern void sh_state_invalidate(void);
 extern int	sh_execute_own(SPIPlanPtr plan, Datum *args, const char *nulls);

@@ -171,6 +171,7 @@ write_object_row(ShObject *obj, TupleTableSlot *row)
 
 	if (!sh_rowwrite(sh_relation_oid("objects"), &obj->tid, object_row, &w))
 		update_object_row(&w);
+	obj->fence_unwritten = false;
 	notify_change(obj, w.report);
 	ExecDropSingleTupleTableSlot(slot);
 	table_close(history, AccessShareLock);
