@@ -550,10 +550,11 @@ sub run
 	}
 	my ($out, $state) = $self->{out} =~ /^(.*?)^\Q$tag\E (\S*)\n/ms;
 	my ($err) = $self->{err} =~ /^(.*?)^\Q$tag\E\n/ms;
-	# psql leaves :SQLSTATE as it was (unset, at first) when COPY FROM STDIN
-	# fails on a row.
+	# psql leaves :SQLSTATE as it was (unset, at first, or the previous
+	# statement's) when COPY FROM STDIN fails on a row: the error it printed
+	# says what happened.
 	$state = '00000' unless $state =~ /^[0-9A-Z]{5}$/;
-	if ($state eq '00000' && $err =~ /^(?:psql:\S+ )?(?:ERROR|FATAL|PANIC):  ([0-9A-Z]{5}): /m)
+	if ($err =~ /^(?:psql:\S+ )?(?:ERROR|FATAL|PANIC):  ([0-9A-Z]{5}): /m)
 	{
 		$state = $1;
 	}
