@@ -14,7 +14,9 @@
 #
 # Writes OUTDIR/releases, one line per version that built:
 #   <version> <commit> <installation directory (holds bin/, lib/)>
-# and OUTDIR/<version>.log with each build's output.  Exits non-zero when a
+# OUTDIR/<version>.log with each build's output, and OUTDIR/<version>.README.md,
+# the README.md of the release commit (the upgrade test applies that version's
+# own recipe of roles and privileges before it upgrades).  Exits non-zero when a
 # version is listed wrongly or fails to build (the others are still built).
 set -euo pipefail
 [ $# -eq 1 ] || { echo "usage: test/releases.sh OUTDIR" >&2; exit 2; }
@@ -67,6 +69,7 @@ while read -r v commit; do
         d="$out/$v"
         mkdir -p "$out/src-$v" "$d$(dirname "$instdir")" "$d$(dirname "$sharedir")"
         "${git[@]}" archive "$commit" | tar -x -C "$out/src-$v"
+        cp "$out/src-$v/README.md" "$out/$v.README.md"
         cp -a "$instdir" "$d$(dirname "$instdir")/"
         cp -a "$sharedir" "$d$(dirname "$sharedir")/"
         rm -rf "$d$sharedir"/extension/status_history[-.]* "$d$pkglibdir"/status_history.so \
