@@ -227,10 +227,29 @@ ALTER TABLE status_history.history ADD CONSTRAINT c CHECK (public.chk(object_id,
 SELECT status FROM status_history.report('x', 'running', replica_id => 'r1', generation => 8);
 \set VERBOSITY default
 ALTER TABLE status_history.history DROP CONSTRAINT c;
-DROP FUNCTION public.chk(text, text);
 SELECT status, stale FROM status_history.history WHERE object_id = 'x' ORDER BY occurred_at;
 SELECT status FROM status_history.statuses WHERE object_id = 'x';
 SELECT state_mismatches() AS after_repeat_in_flight;
+
+-- The same across keys (latest wins): r1 said stalled; while r2's running
+-- is in flight, r1 says stalled again.  Found to repeat r1's row because
+-- that was the object's current report; storing r2's running (stamped
+-- before it) would make running current and lose r1's report: refused.
+CREATE OR REPLACE FUNCTION public.chk(o text, s text) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    IF o = 'xk' AND s = 'running' THEN
+        PERFORM status_history.report(o, 'stalled', replica_id => 'r1', generation => 8);
+    END IF;
+    RETURN true;
+END $$;
+SELECT status FROM status_history.report('xk', 'stalled', replica_id => 'r1', generation => 8);
+ALTER TABLE status_history.history ADD CONSTRAINT c CHECK (public.chk(object_id, status)) NOT VALID;
+\set VERBOSITY sqlstate
+SELECT status FROM status_history.report('xk', 'running', replica_id => 'r2', generation => 8);
+\set VERBOSITY default
+ALTER TABLE status_history.history DROP CONSTRAINT c;
+DROP FUNCTION public.chk(text, text);
+SELECT status, replica_id FROM status_history.statuses WHERE object_id = 'xk';
 
 -- reconnect() from a trigger of a report on an object in its scope would
 -- re-stamp the object's report before the one in flight: refused too.
@@ -266,6 +285,16 @@ VALUES ('2025-06-01 00:00:00+00', 'archive', 'ceased', 9);
 SELECT status FROM status_history.report('t9', 'stalled', error => 'lower', generation => 9);
 \set VERBOSITY default
 ROLLBACK;
+-- Nor does an import into the object that was rolled back to a savepoint.
+BEGIN;
+SAVEPOINT before_import;
+INSERT INTO status_history.history (occurred_at, object_id, status, generation)
+VALUES ('2025-06-01 00:00:00+00', 't9', 'paused', 9);
+ROLLBACK TO SAVEPOINT before_import;
+\set VERBOSITY sqlstate
+SELECT status FROM status_history.report('t9', 'stalled', error => 'lower', generation => 9);
+\set VERBOSITY default
+ROLLBACK;
 DROP TRIGGER zz_lower ON status_history.history;
 DROP FUNCTION public.lower_generation();
 
@@ -292,6 +321,57 @@ SELECT count(*) FROM status_history.reconnect(9223372036854775807, 'r1');
 SELECT status FROM status_history.report('x', 'running', generation => 9223372036854775807);
 SELECT status_history.retire_replica('r1', 9223372036854775807);
 \set VERBOSITY default
+
+-- A subtransaction that aborts while rows of an object wait for their AFTER
+-- events: the state is read again, and still knows which rows' events are
+-- due and which came.  Row 2's WHERE makes an audit report on x (its event
+-- comes while row 1 waits), row 3's one on x that it rolls back; x is
+-- current right after the statement.  With a cache of one object (which
+-- drops states), row 2 a repeat of row 1 (written while row 1 waits) and
+-- row 3's rolled-back report: the state dropped would not know row 1 waits.
+CREATE FUNCTION public.side_reports(n int, obj text) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+  IF n = 2 THEN
+    PERFORM status_history.report(obj, 'running', error => 'audit', generation => 9);
+  ELSIF n = 3 THEN
+    BEGIN
+      PERFORM status_history.report(obj, 'ceased', generation => 9);
+      RAISE EXCEPTION 'undo' USING ERRCODE = 'P0099';
+    EXCEPTION WHEN SQLSTATE 'P0099' THEN NULL;
+    END;
+  END IF;
+  RETURN true;
+END $$;
+BEGIN;
+INSERT INTO status_history.history (object_id, status, generation)
+SELECT v.o, v.s, 9 FROM (VALUES (1, 'sx', 'starting'), (2, 'sy', 'running'), (3, 'sz', 'running')) AS v(n, o, s)
+ WHERE public.side_reports(v.n, 'sx');
+SELECT object_id, status, error FROM status_history.statuses WHERE object_id IN ('sx', 'sy', 'sz') ORDER BY 1;
+SELECT state_mismatches() AS inside_the_transaction;
+COMMIT;
+BEGIN;
+SET LOCAL status_history.cache_max_objects = 1;
+INSERT INTO status_history.history (object_id, status, replica_id, generation)
+SELECT v.o, v.s, 'rc', 9 FROM (VALUES (1, 'cx', 'starting'), (2, 'cx', 'starting'), (3, 'cy', 'running')) AS v(n, o, s)
+ WHERE public.side_reports(CASE WHEN v.n = 3 THEN 3 END, 'cx');
+SELECT object_id, status, error FROM status_history.statuses WHERE object_id IN ('cx', 'cy') ORDER BY 1;
+SELECT state_mismatches() AS with_one_cached_object;
+COMMIT;
+DROP FUNCTION public.side_reports(int, text);
+
+-- A backfill (an import without stale) stamped before the object's dropped
+-- report is not "after dropped": it is not stale; one after it is.
+SELECT status FROM status_history.report('bf', 'running', generation => 9);
+SELECT occurred_at AS dropped_at FROM status_history.report('bf', 'dropped', generation => 9) \gset
+SET status_history.max_import_lead = -1;  -- (earlier imports left the clock ahead)
+INSERT INTO status_history.history (occurred_at, object_id, status, generation)
+VALUES (:'dropped_at'::timestamptz - interval '30 days', 'bf', 'starting', 9),
+       (:'dropped_at'::timestamptz - interval '29 days', 'bf', 'running', 9),
+       (:'dropped_at'::timestamptz + interval '1 ms', 'bf', 'running', 9);
+RESET status_history.max_import_lead;
+SELECT status, stale, occurred_at > :'dropped_at' AS after_dropped
+  FROM status_history.history WHERE object_id = 'bf' ORDER BY occurred_at;
+SELECT state_mismatches() AS after_backfill;
 
 REVOKE ALL ON status_history.history FROM sh_wp_reporter;
 DROP FUNCTION public.policy_report(text);

@@ -42,11 +42,11 @@
  * Memory: entries live in the transaction.  A subtransaction that aborts
  * takes its rows, row locks and writes with it: every entry it read or
  * changed is marked to be read again when next needed (what an entry holds
- * beyond its rows is derivable from stored rows, or was written at once; an
- * entry read again no longer knows which rows wait for their events, and
- * recomputes instead of refusing).  Past status_history.cache_max_objects
- * entries, entries nothing waits for are written back and dropped, but never
- * while one is being written.
+ * beyond its rows is derivable from stored rows, or was written at once).
+ * What is not -- which folded rows' AFTER events are due, and which came --
+ * is kept across a read again, less the rows the abort took (by their xmin).
+ * Past status_history.cache_max_objects entries, entries no event is due for
+ * are written back and dropped, but never while one is being written.
  */
 #include "postgres.h"
 
@@ -90,7 +90,9 @@ static SubTransactionId newest_touch = InvalidSubTransactionId;
 typedef struct Imported
 {
 	text	   *id;
+	SubTransactionId since;		/* the subtransaction that first imported into it */
 	bool		past;
+	SubTransactionId past_since;	/* the one that first imported into its past */
 } Imported;
 static HTAB *imported = NULL;	/* in TopTransactionContext */
 
@@ -144,9 +146,41 @@ sh_state_note_import(ShObject *obj, bool past)
 	{
 		entry->id = (text *) MemoryContextAlloc(TopTransactionContext, VARSIZE_ANY(obj->id));
 		memcpy(entry->id, obj->id, VARSIZE_ANY(obj->id));
+		entry->since = GetCurrentSubTransactionId();
 		entry->past = false;
 	}
-	entry->past |= past;
+	if (past && !entry->past)
+	{
+		entry->past = true;
+		entry->past_since = GetCurrentSubTransactionId();
+	}
+}
+
+/* An aborted subtransaction's imports are gone: so are their exemptions. */
+static void
+imports_abort(SubTransactionId aborted)
+{
+	HASH_SEQ_STATUS seq;
+	Imported   *entry;
+
+	if (imported == NULL)
+		return;
+	hash_seq_init(&seq, imported);
+	while ((entry = hash_seq_search(&seq)) != NULL)
+	{
+		if (entry->since >= aborted)
+			hash_search(imported, &entry->id, HASH_REMOVE, NULL);
+		else if (entry->past && entry->past_since >= aborted)
+			entry->past = false;
+	}
+}
+
+/* A repeat of key at seen was decided on the object's current report (its newest row is not stale). */
+static void
+note_repeat(ShObject *obj, const ShKey *key, TimestampTz seen)
+{
+	if (key->has_current && key->current_at == key->last_at && seen > key->last_at)
+		obj->repeat_at = Max(obj->repeat_at, seen);
 }
 
 /* May a report on obj be found to repeat its key's newest row? */
@@ -196,13 +230,34 @@ state_create(void)
 static bool
 has_waiting(const ShObject *obj)
 {
-	return obj->firstwaiting < obj->nwaiting;
+	return obj->nopen > 0;
+}
+
+/*
+ * Forget the rows an aborted subtransaction stored: they are gone, and their
+ * events with them.  (Only an entry that subtransaction touched can have
+ * any; it is invalid until read again.)
+ */
+static void
+forget_aborted(ShObject *obj)
+{
+	int			kept = 0;
+
+	obj->nopen = 0;
+	for (int i = 0; i < obj->nwaiting; i++)
+	{
+		if (!TransactionIdIsCurrentTransactionId(obj->waiting[i].xmin))
+			continue;
+		obj->waiting[kept++] = obj->waiting[i];
+		obj->nopen += obj->waiting[i].came ? 0 : 1;
+	}
+	obj->nwaiting = kept;
 }
 
 /*
  * Write back and drop the entries nothing waits for: always safe, they are
- * read again when needed.  (An entry read again would not know which of its
- * rows wait for their events.)
+ * read again when needed.  Not those with a row whose event is due, or one
+ * handed over and not folded yet: a state read afresh would know of neither.
  */
 static void
 state_shrink(void)
@@ -215,8 +270,9 @@ state_shrink(void)
 	{
 		text	   *id = obj->id;
 
-		/* (Nor those with rows handed over and not folded yet: they would be missed.) */
-		if (obj->valid && (has_waiting(obj) || obj->handed > 0))
+		if (!obj->valid)
+			forget_aborted(obj);
+		if (has_waiting(obj) || obj->handed > 0)
 			continue;
 		if (obj->valid)
 			write_back(obj, NULL);
@@ -278,18 +334,30 @@ sh_state_lock(Datum object_id)
 	old = MemoryContextSwitchTo(state_cxt);
 	fresh.id = DatumGetTextPCopy(object_id);
 	MemoryContextSwitchTo(old);
+	fresh.repeat_at = SH_NO_STAMP;
 	if (!created)
 		sh_read_keys(&fresh, state_cxt);
+	for (int i = 0; i < fresh.nkeys; i++)
+		note_repeat(&fresh, &fresh.keys[i], fresh.keys[i].last_seen_at);
 	fresh.valid = true;
 	fresh.handed_at = SH_NO_STAMP;
 	/*
-	 * Read for the first time in this transaction, nothing of the object can
-	 * be waiting for its AFTER event, or handed over and not folded (every
-	 * row locked it first).  Read again, it may: its waiting list is unknown,
-	 * and rows handed over are looked for by a scan.  (Its old memory goes
-	 * with the transaction: a caller up the stack may still point at it.)
+	 * Read for the first time in this transaction (or since it was dropped),
+	 * nothing of the object can be waiting for its AFTER event, or handed
+	 * over and not folded (every row locked it first).  Read again, it may:
+	 * its rows folded while events were due stay known (but for an aborted
+	 * subtransaction's), and rows handed over are looked for by a scan.  (Its
+	 * other old memory goes with the transaction: a caller up the stack may
+	 * still point at it.)
 	 */
-	fresh.exact = !again;
+	if (again)
+	{
+		forget_aborted(obj);
+		fresh.waiting = obj->waiting;
+		fresh.nwaiting = obj->nwaiting;
+		fresh.maxwaiting = obj->maxwaiting;
+		fresh.nopen = obj->nopen;
+	}
 	if (again && obj->handed_at != SH_NO_STAMP && obj->handed_at > fresh.last_at)
 	{
 		fresh.handed_at = obj->handed_at;
@@ -368,7 +436,7 @@ sh_state_stale(const ShObject *obj, int64 generation, int64 floor,
 			   const char *status, TimestampTz stamp)
 {
 	return generation < obj->fence || generation < floor || floor == SH_RETIRED ||
-		(obj->has_current && strcmp(obj->status, "dropped") == 0) ||
+		(obj->has_current && strcmp(obj->status, "dropped") == 0 && stamp > obj->status_since) ||
 		(obj->has_current && stamp < obj->current_at && strcmp(status, "dropped") == 0);
 }
 
@@ -377,6 +445,7 @@ typedef struct StoredRow
 {
 	TimestampTz stamp;
 	ItemPointerData tid;
+	TransactionId xmin;			/* the (sub)transaction that stored it */
 	char		status[16];
 	text	   *replica_id;		/* NULL: none (points into the slot) */
 	int64		generation;
@@ -392,6 +461,7 @@ read_stored(TupleTableSlot *slot, StoredRow *row)
 
 	row->stamp = DatumGetTimestampTz(slot_getattr(slot, c->occurred_at, &isnull));
 	row->tid = slot->tts_tid;
+	row->xmin = DatumGetTransactionId(slot_getsysattr(slot, MinTransactionIdAttributeNumber, &isnull));
 	row->status[0] = '\0';
 	d = slot_getattr(slot, c->status, &isnull);
 	if (!isnull)
@@ -414,12 +484,50 @@ refuse_row(const ShObject *obj, const StoredRow *row, const char *why)
 			 errhint("Do not change these columns in a trigger that fires after history_insert, and report on an object from its own statement, not from a trigger or constraint of another report on it.")));
 }
 
-/* Queue a folded row's stamp to wait for its AFTER event (stamps come in order). */
-static void
-wait_for_event(ShObject *obj, TimestampTz stamp)
+/* The entry of the row stamped stamp among those folded while events were due, or NULL. */
+static ShWaiting *
+find_waiting(ShObject *obj, TimestampTz stamp)
 {
-	if (obj->firstwaiting == obj->nwaiting)
-		obj->firstwaiting = obj->nwaiting = 0;	/* none waits: reuse the array */
+	int			lo = 0;
+	int			hi = obj->nwaiting - 1;
+
+	while (lo <= hi)
+	{
+		int			mid = (lo + hi) / 2;
+
+		if (obj->waiting[mid].stamp == stamp)
+			return &obj->waiting[mid];
+		if (obj->waiting[mid].stamp < stamp)
+			lo = mid + 1;
+		else
+			hi = mid - 1;
+	}
+	return NULL;
+}
+
+/*
+ * A row was folded: note whether its AFTER event is still due (!came).  A
+ * row whose event came needs noting only while others are due (else the
+ * state is written at once).  A row known already (a state read again folds
+ * its rows again) keeps its entry.
+ */
+static void
+note_folded(ShObject *obj, const StoredRow *row, bool came)
+{
+	ShWaiting  *w = find_waiting(obj, row->stamp);
+	int			at;
+
+	if (w != NULL)
+	{
+		if (came && !w->came)
+		{
+			w->came = true;
+			obj->nopen--;
+		}
+		return;
+	}
+	if (came && obj->nopen == 0)
+		return;
 	if (obj->nwaiting == obj->maxwaiting)
 	{
 		obj->maxwaiting = Max(8, obj->maxwaiting * 2);
@@ -427,37 +535,37 @@ wait_for_event(ShObject *obj, TimestampTz stamp)
 			MemoryContextAlloc(state_cxt, obj->maxwaiting * sizeof(ShWaiting)) :
 			repalloc(obj->waiting, obj->maxwaiting * sizeof(ShWaiting));
 	}
-	obj->waiting[obj->nwaiting].stamp = stamp;
-	obj->waiting[obj->nwaiting++].came = false;
+	/* Rows are folded in stamp order, so usually it goes last. */
+	at = obj->nwaiting;
+	while (at > 0 && obj->waiting[at - 1].stamp > row->stamp)
+		at--;
+	memmove(&obj->waiting[at + 1], &obj->waiting[at], (obj->nwaiting - at) * sizeof(ShWaiting));
+	obj->nwaiting++;
+	obj->waiting[at].stamp = row->stamp;
+	obj->waiting[at].xmin = row->xmin;
+	obj->waiting[at].came = came;
+	obj->nopen += came ? 0 : 1;
 }
 
-/* The AFTER event of the folded row stamped stamp has come: true if it was waiting. */
+/* The AFTER event of the folded row stamped stamp has come: true if it was due. */
 static bool
 event_came(ShObject *obj, TimestampTz stamp)
 {
-	int			lo = obj->firstwaiting;
-	int			hi = obj->nwaiting - 1;
+	ShWaiting  *w = find_waiting(obj, stamp);
 
-	/* Events come in stamp order (a nested statement's first): usually the first. */
-	while (lo <= hi)
-	{
-		int			mid = (lo + hi) / 2;
+	if (w == NULL || w->came)
+		return false;
+	w->came = true;
+	obj->nopen--;
+	return true;
+}
 
-		if (obj->waiting[mid].stamp == stamp)
-		{
-			if (obj->waiting[mid].came)
-				return false;
-			obj->waiting[mid].came = true;
-			while (obj->firstwaiting < obj->nwaiting && obj->waiting[obj->firstwaiting].came)
-				obj->firstwaiting++;
-			return true;
-		}
-		if (obj->waiting[mid].stamp < stamp)
-			lo = mid + 1;
-		else
-			hi = mid - 1;
-	}
-	return false;
+/* No row's event is due: the state is written now, and covers every row noted. */
+static void
+forget_came(ShObject *obj)
+{
+	if (obj->nopen == 0)
+		obj->nwaiting = 0;
 }
 
 /*
@@ -482,6 +590,9 @@ fold(ShObject *obj, TupleTableSlot *slot, bool event)
 	key = key_for(obj, row.replica_id);
 	if (!imports && key->last_seen_at > row.stamp)
 		refuse_row(obj, &row, "a repeat of its key was decided without it while it was being inserted");
+	/* Another key's repeat relied on the object's current report being what it was then. */
+	if (!imports && !row.stale && obj->repeat_at > row.stamp)
+		refuse_row(obj, &row, "a repeat of another key, decided on the object's current report without it, was made while it was being inserted");
 	key->last_at = row.stamp;
 	key->last_tid = row.tid;
 	/* A controller's re-stamped copy is not a sighting of the replica (but a new key's first row is all it has). */
@@ -504,8 +615,7 @@ fold(ShObject *obj, TupleTableSlot *slot, bool event)
 		obj->dirty = true;
 	}
 	obj->last_at = row.stamp;
-	if (!event)
-		wait_for_event(obj, row.stamp);
+	note_folded(obj, &row, event);
 }
 
 /* An index scan of the object's stored rows (SnapshotSelf), above after unless SH_NO_STAMP. */
@@ -743,12 +853,15 @@ sh_state_after_row(HeapTuple tuple, TupleDesc desc)
 		StoredRow	row;
 
 		read_stored(slot, &row);
-		if (obj->exact && imported_entry(obj) == NULL)
+		if (imported_entry(obj) == NULL)
 			refuse_row(obj, &row, "a report on the object stamped later was stored (and decided) before it");
 		recompute(obj);
 	}
 	if (!has_waiting(obj))
+	{
 		write_back(obj, slot);
+		forget_came(obj);
+	}
 	ExecDropSingleTupleTableSlot(slot);
 }
 
@@ -758,6 +871,7 @@ sh_state_seen(ShObject *obj, ShKey *key, TimestampTz seen)
 {
 	key->last_seen_at = Max(key->last_seen_at, seen);
 	key->dirty = true;
+	note_repeat(obj, key, seen);
 	write_back(obj, NULL);
 }
 
@@ -885,6 +999,8 @@ state_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 	if (event == SUBXACT_EVENT_ABORT_SUB || event == SUBXACT_EVENT_COMMIT_SUB)
 		sh_notify_subxact(event == SUBXACT_EVENT_COMMIT_SUB);
 	/* Its rows, locks and writes are gone: so is what the entries read or folded in it. */
+	if (event == SUBXACT_EVENT_ABORT_SUB)
+		imports_abort(mySubid);
 	if (event == SUBXACT_EVENT_ABORT_SUB && objects != NULL && newest_touch >= mySubid)
 	{
 		HASH_SEQ_STATUS seq;

@@ -113,12 +113,17 @@ typedef struct ShObject
 	bool		fence_unwritten;	/* raised by reconnect(), not written yet */
 	SubTransactionId fence_raised_in;	/* the subtransaction that raised it */
 	TimestampTz last_at;		/* newest row folded, stale or not */
-	/* Folded rows whose AFTER event has not come yet, in stamp order. */
+	TimestampTz repeat_at;		/* newest repeat decided on its current report (a key's) */
+	/*
+	 * Rows folded while an AFTER event was due, in stamp order: those whose
+	 * events have not come (nopen of them), and those whose events came
+	 * meanwhile (a state read again must not wait for them).  Emptied when
+	 * none is open.  Kept when the state is read again.
+	 */
 	struct ShWaiting *waiting;
 	int			nwaiting;
 	int			maxwaiting;
-	int			firstwaiting;	/* those before it have come */
-	bool		exact;			/* waiting is all of them (not read again since) */
+	int			nopen;
 	/* Rows the insert trigger let go to be stored since all were folded. */
 	TimestampTz handed_at;		/* the newest one's stamp */
 	int			handed;			/* how many (2: at least that many, or not known) */
@@ -141,6 +146,7 @@ typedef struct ShObject
 typedef struct ShWaiting
 {
 	TimestampTz stamp;
+	TransactionId xmin;			/* its (sub)transaction: an abort takes the row and its event */
 	bool		came;
 } ShWaiting;
 
