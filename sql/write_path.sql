@@ -373,6 +373,25 @@ SELECT status, stale, occurred_at > :'dropped_at' AS after_dropped
   FROM status_history.history WHERE object_id = 'bf' ORDER BY occurred_at;
 SELECT state_mismatches() AS after_backfill;
 
+-- Imports into the past fold only their key and the object again, walking
+-- the newest rows: against brute force, for rows in descending stamp order
+-- (every row below the last), supplied stale flags, several keys, long runs
+-- of one status, and a backfill below a newer report.
+SELECT status FROM status_history.report('pd2', 'running', replica_id => 'r1', generation => 9);
+INSERT INTO status_history.history (occurred_at, object_id, status, replica_id, generation, stale)
+SELECT '2023-07-03 00:00:00.123457'::timestamptz + i * interval '1 s' + CASE o WHEN 'pd' THEN interval '0' ELSE interval '1 us' END, o,
+       (ARRAY['running', 'running', 'stalled', 'running', 'paused', 'running', 'running'])[1 + (i * 5) % 7],
+       CASE WHEN i % 4 = 0 THEN NULL ELSE 'r' || (i % 3) END, 9,
+       CASE WHEN i % 11 = 0 THEN true END
+  FROM generate_series(1, 300) i, (VALUES ('pd'), ('pd2')) AS v(o)
+ ORDER BY i DESC;
+INSERT INTO status_history.history (occurred_at, object_id, status, replica_id, generation)
+SELECT '2023-05-05 00:00:00.000011'::timestamptz + i * interval '1 s', 'pd2',
+       CASE WHEN i < 150 THEN 'running' ELSE 'stalled' END, 'r' || (i % 2), 9
+  FROM generate_series(1, 200) i ORDER BY i;
+SELECT count(*) AS past_rows FROM status_history.history WHERE object_id IN ('pd', 'pd2');
+SELECT state_mismatches() AS after_past_imports;
+
 REVOKE ALL ON status_history.history FROM sh_wp_reporter;
 DROP FUNCTION public.policy_report(text);
 DROP ROLE sh_wp_reporter;

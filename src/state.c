@@ -31,7 +31,7 @@
  * does that; so does a report made while another row of the same object was
  * in flight (from one of its triggers or constraints: the inner report is
  * stamped later, stored first, and decided -- and a reconnect() copy made --
- * without the outer one).  The state is then recomputed from the stored rows;
+ * without the outer one).  The first is folded again from the stored rows;
  * the second is refused (27000).  Folding checks each row as stored against
  * the state before it, too: a row stored non-stale below its fence or a
  * floor, or after a dropped report, or one a repeat of its key was decided
@@ -377,18 +377,21 @@ sh_state_lock(Datum object_id)
 	return obj;
 }
 
+/* Is r the replica of key (NULL: no replica)? */
+static bool
+same_replica(text *r, text *replica)
+{
+	return r == NULL ? replica == NULL :
+		(replica != NULL && sh_text_key_match(&r, &replica, 0) == 0);
+}
+
 /* The object's key for replica (NULL: the NULL key), or NULL when it has none. */
 ShKey *
 sh_state_key(ShObject *obj, text *replica)
 {
 	for (int i = 0; i < obj->nkeys; i++)
-	{
-		text	   *r = obj->keys[i].replica_id;
-
-		if (r == NULL ? replica == NULL :
-			(replica != NULL && sh_text_key_match(&r, &replica, 0) == 0))
+		if (same_replica(obj->keys[i].replica_id, replica))
 			return &obj->keys[i];
-	}
 	return NULL;
 }
 
@@ -738,96 +741,91 @@ sh_state_catch_up(ShObject *obj)
 	(void) catch_up(obj, NULL);
 }
 
+/* The current report and its run of one status, found walking rows newest first. */
+typedef struct Run
+{
+	bool		has_current;
+	bool		open;			/* no other status met since the current report */
+	TimestampTz current_at;
+	TimestampTz since;
+	ItemPointerData current_tid;
+	char		status[16];
+} Run;
+
+/* Walk one more non-stale row (older than those walked) into run. */
+static void
+run_walk(Run *run, const StoredRow *row)
+{
+	if (!run->has_current)
+	{
+		run->has_current = run->open = true;
+		run->current_at = run->since = row->stamp;
+		run->current_tid = row->tid;
+		strlcpy(run->status, row->status, sizeof(run->status));
+	}
+	else if (run->open)
+	{
+		if (strcmp(run->status, row->status) == 0)
+			run->since = row->stamp;
+		else
+			run->open = false;
+	}
+}
+
 /*
- * Recompute obj from its stored rows (a walk of all of them, newest first):
- * the definition of the state.  Keys keep their rows and last_seen_at (a
- * repeat leaves no row); a key first seen here gets its newest row's stamp.
- * Rows waiting for their AFTER events keep waiting (they are folded).
+ * A row stored below last_at (an import into the past): its key and the
+ * object are computed again from their stored rows.  Only they can change
+ * (other keys' rows did not), and a stale row changes nothing but its key's
+ * newest row.  The walk, newest first, stops as soon as both current
+ * reports and the runs of their status are known: usually a few rows.
  */
 static void
-recompute(ShObject *obj)
+refold_past(ShObject *obj, TupleTableSlot *slot)
 {
+	StoredRow	row;
+	ShKey	   *key;
+	Run			orun = {0};
+	Run			krun = {0};
 	RowScan		s;
-	bool		obj_open = false;
-	bool	   *open;
-	int			maxopen;
 
-	for (int i = 0; i < obj->nkeys; i++)
+	read_stored(slot, &row);
+	key = key_for(obj, row.replica_id);
+	if (key->last_at == SH_NO_STAMP || row.stamp > key->last_at)
 	{
-		ShKey	   *k = &obj->keys[i];
-
-		k->last_at = k->current_at = k->status_since = SH_NO_STAMP;
-		k->has_current = false;
-		k->status[0] = '\0';
-		ItemPointerSetInvalid(&k->last_tid);
-		k->dirty = true;
+		key->last_at = row.stamp;
+		key->last_tid = row.tid;
 	}
-	obj->has_current = false;
-	obj->current_at = obj->status_since = obj->last_at = SH_NO_STAMP;
-	obj->status[0] = '\0';
-	ItemPointerSetInvalid(&obj->current_tid);
-	maxopen = Max(obj->nkeys, 4);
-	open = palloc0(maxopen * sizeof(bool));
+	/* (A stored key's last_seen_at was written when seen; a new one's is its newest row.) */
+	if (!key->stored)
+		key->last_seen_at = Max(key->last_seen_at, row.stamp);
+	key->dirty = true;
+	if (row.stale)
+		return;
 
 	rows_begin(&s, obj, SH_NO_STAMP);
-	while (index_getnext_slot(s.scan, ForwardScanDirection, s.slot))
+	while ((orun.open || !orun.has_current || krun.open || !krun.has_current) &&
+		   index_getnext_slot(s.scan, ForwardScanDirection, s.slot))
 	{
-		StoredRow	row;
-		ShKey	   *key;
-		int			k;
+		StoredRow	r;
 
-		read_stored(s.slot, &row);
-		if (obj->last_at == SH_NO_STAMP)
-			obj->last_at = row.stamp;
-		key = key_for(obj, row.replica_id);
-		k = key - obj->keys;
-		if (k >= maxopen)
-		{
-			open = repalloc(open, 2 * (k + 1) * sizeof(bool));
-			memset(open + maxopen, 0, (2 * (k + 1) - maxopen) * sizeof(bool));
-			maxopen = 2 * (k + 1);
-		}
-		if (key->last_at == SH_NO_STAMP)
-		{
-			key->last_at = row.stamp;
-			key->last_tid = row.tid;
-			if (!key->stored)
-				key->last_seen_at = Max(key->last_seen_at, row.stamp);
-			key->dirty = true;
-		}
-		if (row.stale)
+		read_stored(s.slot, &r);
+		if (r.stale)
 			continue;
-		if (!key->has_current)
-		{
-			key->has_current = open[k] = true;
-			key->current_at = key->status_since = row.stamp;
-			strlcpy(key->status, row.status, sizeof(key->status));
-		}
-		else if (open[k])
-		{
-			if (strcmp(key->status, row.status) == 0)
-				key->status_since = row.stamp;
-			else
-				open[k] = false;
-		}
-		if (!obj->has_current)
-		{
-			obj->has_current = obj_open = true;
-			obj->current_at = obj->status_since = row.stamp;
-			obj->current_tid = row.tid;
-			strlcpy(obj->status, row.status, sizeof(obj->status));
-		}
-		else if (obj_open)
-		{
-			if (strcmp(obj->status, row.status) == 0)
-				obj->status_since = row.stamp;
-			else
-				obj_open = false;
-		}
+		run_walk(&orun, &r);
+		if (same_replica(key->replica_id, r.replica_id))
+			run_walk(&krun, &r);
 	}
 	rows_end(&s);
-	pfree(open);
+
+	obj->has_current = key->has_current = true;	/* (row is one) */
+	obj->current_at = orun.current_at;
+	obj->current_tid = orun.current_tid;
+	obj->status_since = orun.since;
+	strlcpy(obj->status, orun.status, sizeof(obj->status));
 	obj->dirty = true;
+	key->current_at = krun.current_at;
+	key->status_since = krun.since;
+	strlcpy(key->status, krun.status, sizeof(key->status));
 }
 
 /*
@@ -855,7 +853,7 @@ sh_state_after_row(HeapTuple tuple, TupleDesc desc)
 		read_stored(slot, &row);
 		if (imported_entry(obj) == NULL)
 			refuse_row(obj, &row, "a report on the object stamped later was stored (and decided) before it");
-		recompute(obj);
+		refold_past(obj, slot);
 	}
 	if (!has_waiting(obj))
 	{
