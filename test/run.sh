@@ -3,8 +3,10 @@
 #   pg_regress (sql/, expected/), isolation specs (test/specs/),
 #   pgTAP (test/*.sql, via pg_prove), and the TAP tests that start, crash
 #   and promote their own servers (test/t/*.pl, run as the postgres user),
-#   the regression suites again under valgrind with a UBSan build, and the
-#   failover test under pg_auto_failover (test/ha/run.sh, make ha).
+#   the README's scenario (test/demo.sh, make demo), the regression suites
+#   again under valgrind with a UBSan build, and the failover test under
+#   pg_auto_failover (test/ha/run.sh, make ha).  make stress runs the same
+#   TAP tests longer (test/stress.sh: SH_STRESS=1, a random seed).
 # Installs what it needs first.  Exits non-zero when any test fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +33,9 @@ pg_virtualenv -t -v 15 sh -c "
     true
 " || true
 for s in regress pgtap; do suite "$(cat "$results/$s" 2>/dev/null || echo 1)"; done
+
+echo "== the README's scenario (make demo): runs to the end without an error"
+if test/demo.sh >/dev/null; then suite 0; else suite 1; fi
 
 echo "== TAP tests with their own servers (as postgres)"
 if test/tap.sh; then suite 0; else suite 1; fi
