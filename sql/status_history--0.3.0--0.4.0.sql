@@ -169,9 +169,19 @@ COMMENT ON FUNCTION status_history.grant_roles(regrole, regrole, regrole, regrol
 -- What a database upgraded from before 0.4.0 had: the README's recipe made a
 -- role the history's owner (for imports) and revoked reading from PUBLIC.
 -- The tables go back to the extension's owner (a table's owner can run code
--- of its own in the extension's SECURITY DEFINER functions); that role
--- becomes the admin role, which may import; PUBLIC keeps reading or not.
--- Run status_history.grant_roles() once with all four roles afterwards.
+-- of its own in the extension's SECURITY DEFINER functions); that role is
+-- recorded as the admin role; PUBLIC keeps reading or not.  This script
+-- grants no role anything on anything (a GRANT in an extension script
+-- records the object's whole ACL in pg_init_privs as the extension's own, and
+-- pg_dump would then write REVOKEs from roles a restore may not have): the
+-- operator runs status_history.grant_roles() once with all four roles
+-- afterwards, which applies apply_privileges() outside the script.  A
+-- WARNING says so (ALTER EXTENSION runs a script with client_min_messages
+-- and log_min_messages at least WARNING: a NOTICE would reach no one).
+-- Until then the old owner neither reads nor imports (it owned the history,
+-- and the privileges it had as its owner went with it), the other roles keep
+-- what they were granted, and PUBLIC keeps what earlier versions and
+-- upgrades granted it.
 DO $$
 DECLARE
     owner   regrole := (SELECT e.extowner::regrole FROM pg_catalog.pg_extension AS e
@@ -179,6 +189,8 @@ DECLARE
     old     regrole := (SELECT c.relowner::regrole FROM pg_catalog.pg_class AS c
                          WHERE c.oid OPERATOR(pg_catalog.=) 'status_history.history'::pg_catalog.regclass);
     rel     record;
+    recorded_admin regrole;
+    reads   boolean;
 BEGIN
     IF old OPERATOR(pg_catalog.<>) owner THEN
         UPDATE status_history.roles SET admin = old;
@@ -193,25 +205,39 @@ BEGIN
                                   CASE rel.relkind WHEN 'S' THEN 'SEQUENCE' WHEN 'v' THEN 'VIEW' ELSE 'TABLE' END,
                                   rel.name, owner);
     END LOOP;
-END
-$$;
--- What this script creates gets what apply_privileges() gives it with these
--- roles.  (Only what it creates: a GRANT or REVOKE in an extension script
--- records the object's whole ACL as the extension's own, operators' grants
--- on older objects included, and pg_dump would then no longer dump those.)
-REVOKE ALL ON TABLE status_history.roles FROM PUBLIC;
-REVOKE ALL ON FUNCTION status_history.apply_privileges() FROM PUBLIC;
-REVOKE ALL ON FUNCTION status_history.grant_roles(regrole, regrole, regrole, regrole, boolean) FROM PUBLIC;
-DO $$
-DECLARE
-    r status_history.roles;
-BEGIN
-    SELECT * INTO r FROM status_history.roles;
-    IF r.admin IS NOT NULL THEN
-        EXECUTE pg_catalog.format('GRANT SELECT ON status_history.roles TO %s', r.admin::text);
+    SELECT r.admin, r.public_reads INTO recorded_admin, reads FROM status_history.roles AS r;
+    IF recorded_admin IS NULL THEN
+        RAISE WARNING 'run status_history.grant_roles() now, with all four roles'
+            USING DETAIL = 'From 0.4.0 on, the privileges of the roles that report, control, read and administer '
+                           'are granted by grant_roles() (README: Roles). Until it runs, roles keep what they were '
+                           'granted before this upgrade, and PUBLIC keeps what earlier versions granted it.',
+                  HINT = pg_catalog.format('Run, with your roles: SELECT status_history.grant_roles('
+                                           'reporter => ..., controller => ..., reader => ..., admin => ..., '
+                                           'public_reads => %s);',
+                                           CASE WHEN reads THEN 'true' ELSE 'false' END);
+    ELSE
+        RAISE WARNING '%', pg_catalog.format('run status_history.grant_roles() now, with all four roles and admin => %L',
+                                            recorded_admin::text)
+            USING DETAIL = pg_catalog.format('%s owned the history before this upgrade and is recorded as the admin '
+                                             'role; the history belongs to the extension''s owner again, so %s '
+                                             'neither reads the history nor imports until grant_roles() grants the '
+                                             'admin''s part. The other roles keep what they were granted, and PUBLIC '
+                                             'keeps what earlier versions granted it.', recorded_admin, recorded_admin),
+                  HINT = pg_catalog.format('Run, with your roles: SELECT status_history.grant_roles('
+                                           'reporter => ..., controller => ..., reader => ..., admin => %L, '
+                                           'public_reads => %s);',
+                                           recorded_admin::text, CASE WHEN reads THEN 'true' ELSE 'false' END);
     END IF;
 END
 $$;
+-- What this script creates is not for PUBLIC, as in a fresh install; the
+-- roles get their part of it from grant_roles().  (Only what it creates: a
+-- GRANT or REVOKE in an extension script records the object's whole ACL as
+-- the extension's own, operators' grants on older objects included, and
+-- pg_dump would then no longer dump those.)
+REVOKE ALL ON TABLE status_history.roles FROM PUBLIC;
+REVOKE ALL ON FUNCTION status_history.apply_privileges() FROM PUBLIC;
+REVOKE ALL ON FUNCTION status_history.grant_roles(regrole, regrole, regrole, regrole, boolean) FROM PUBLIC;
 
 -- @@ versions: the library serves the SQL objects of its own version only
 -- (every upgrade script ends by replacing versions(), see the install script).

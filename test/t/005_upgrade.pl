@@ -40,14 +40,32 @@
 #   (e2) status_history.roles records what the recipe did: the history's old
 #        owner as the admin, public_reads false when the recipe revoked
 #        PUBLIC's reading;
-#   (e3) PUBLIC may do exactly what it may in a fresh install after
-#        grant_roles(..., public_reads => that value): has_*_privilege for
-#        PUBLIC on every relation, function and the schema;
+#   (e3) the upgrade grants no role anything, and tells the operator to run
+#        grant_roles() (this database takes the path one step at a time,
+#        ALTER EXTENSION ... UPDATE TO each version of it):
+#        - the step into the current version never widens what PUBLIC may
+#          do (has_*_privilege for PUBLIC on every relation, function and the
+#          schema): no more than before that step, on the objects that
+#          existed, and what it may in a fresh install after grant_roles(...,
+#          public_reads => the value roles records); and PUBLIC keeps what it
+#          could (earlier, shipped steps are shown, not checked: 0.2.0 ->
+#          0.3.0 gives PUBLIC the reading of what it creates);
+#        - no role of the recipe lost what its part gives it, but the
+#          history's old owner (recorded as the admin) on the history, which
+#          went back to the extension's owner with the privileges it had as
+#          its owner;
+#        - from a version before 0.4.0 the upgrade prints a WARNING to run
+#          status_history.grant_roles() with all four roles, naming the
+#          recorded admin, and a HINT with the call (a WARNING: ALTER
+#          EXTENSION runs its scripts with client_min_messages at least
+#          WARNING, a NOTICE is never shown);
 #   (e4) after grant_roles() with the four roles and public_reads => false,
 #        the privileges on every object of the schema (relacl, attacl,
 #        proacl, nspacl, expanded with aclexplode: grantee, privileges,
-#        grantor) and the catalog (as in (a)) equal a fresh install's after
-#        the same call; the same for the database upgraded without a recipe;
+#        grantor) and the catalog (as in (a), pg_init_privs included) equal a
+#        fresh install's after the same call, and the admin reads the history
+#        and imports (as that role); the same privileges for the database
+#        upgraded without a recipe;
 #   (e5) a pg_dump of it restored into a new database (pg_restore) has the
 #        same privileges again (pg_dump writes the GRANTs relative to
 #        pg_init_privs; the restored status_history.roles re-applies them).
@@ -78,29 +96,6 @@ my %not_from_history = (history => [], objects => ['fence'], replica_state => ['
 # reporting without maintaining replica_state (a silent wrong state: fails),
 # 0.3.0's SQL is 0.4.0's (passes).  Set it to undef when (d) passes.
 my $open_session_todo = undef;    # (0.4.0: the library refuses the SQL of another version)
-
-# (e) checks known to fail, by check and version, and why: TODO checks (they
-# still print their diff) until the upgrade script changes.  Delete an entry
-# when its check passes.
-my %privileges_todo = (
-	# (e3) PUBLIC after the upgrade
-	public => {
-		'0.2.0' => "0.2.0's recipe revoked PUBLIC's reading of 0.2.0's objects; the 0.2.0 -> 0.3.0 upgrade "
-		  . 'granted PUBLIC the reading of what it created (replica_state, replica_statuses, '
-		  . 'statuses_by_precedence, latest_by_precedence(), history_of(), intervals(), time_in_status()), '
-		  . 'and the 0.3.0 -> 0.4.0 upgrade records public_reads = false but leaves them to PUBLIC' },
-	# (e3) what the recipe's roles keep of their part
-	keeps => {
-		map { $_ => "the 0.4.0 upgrade gives the history back to the extension's owner: its old owner, "
-			  . 'recorded as the admin, has no privilege on it (neither reads nor imports) until grant_roles()' }
-		  qw(0.2.0 0.3.0) },
-	# (e4) the catalog after grant_roles()
-	catalog => {
-		map { $_ => "the 0.4.0 upgrade's GRANT SELECT ON status_history.roles TO <the admin> is recorded in "
-			  . "pg_init_privs (as every GRANT in an extension script), a fresh install's is not: once the admin "
-			  . 'changes, pg_dump writes REVOKE ... FROM <the old admin>, which fails to restore where that role '
-			  . 'does not exist (or was dropped: its OID stays in pg_init_privs)' }
-		  qw(0.2.0 0.3.0) });
 
 # ---------------------------------------------------------------------------
 # The installations: the current build, and one per released version.
@@ -687,6 +682,25 @@ sub privilege_sets
 	return \%set;
 }
 
+# What effective_privileges() text $after has that $before has not and
+# $allowed has not either (another such text, or ''): a line
+# "<object>: <privileges>" each; objects $before does not list count unless
+# $existing_only.  A failed query is its error.
+sub privileges_gained
+{
+	my ($before, $after, $allowed, $existing_only) = @_;
+	if (my @failed = grep { /^failed: / } $before, $after, $allowed) { return join("\n", @failed); }
+	my ($b, $a, $ok) = map { privilege_sets($_) } $before, $after, $allowed;
+	my @out;
+	for my $obj (sort keys %$a)
+	{
+		next if $existing_only && !exists $b->{$obj};
+		my @more = grep { !$b->{$obj}{$_} && !$ok->{$obj}{$_} } sort keys %{ $a->{$obj} };
+		push @out, "$obj: " . join(',', @more) if @more;
+	}
+	return join("\n", @out);
+}
+
 # Relations, functions and the schema that do not belong to the extension's
 # owner: a line "<object> owned by <role>" each.
 sub not_owned_by_extension_owner
@@ -832,8 +846,12 @@ for my $v (@old)
 	serve_with($node, $current_inst);
 	is(served_from($node), $current_libdir, "$v: the same data directory, now served by the current build");
 
-	is(q2($node, $db, 'ALTER EXTENSION status_history UPDATE'), '',
+	my ($alter_rc, $alter_out, $alter_err) = $node->psql($db, 'ALTER EXTENSION status_history UPDATE', on_error_stop => 1);
+	is($alter_rc == 0 ? $alter_out : "failed: $alter_err", '',
 		"$v: ALTER EXTENSION status_history UPDATE succeeds with the workload in place");
+	like($alter_err, qr/WARNING:  run status_history\.grant_roles\(\) now, with all four roles\n/,
+		"$v: the upgrade (no roles recorded) printed a WARNING to run status_history.grant_roles() with all four roles")
+	  if version_cmp($v, '0.4.0') < 0;
 	is(q1($node, $db, q{SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'status_history'}),
 		$current, "$v: the extension is now at $current");
 
@@ -918,9 +936,45 @@ sub recipe_upgrade
 {
 	my ($node, $v, $rdb, $recipe, $roles_before) = @_;
 	my $vname = $v =~ s/\W/_/gr;
-	return
-	  unless is(q2($node, $rdb, 'ALTER EXTENSION status_history UPDATE'), '',
-		"$v (e): ALTER EXTENSION status_history UPDATE succeeds after ${v}'s recipe and the workload");
+
+	# Who owned what before the upgrade (the recipes of 0.2.0 and 0.3.0 made
+	# the admin role the history's owner).
+	my %owned_before = map { split /\|/ } split /\n/, q1($node, $rdb, q{
+		SELECT 'relation ' || c.oid::pg_catalog.regclass, c.relowner::pg_catalog.regrole
+		  FROM pg_catalog.pg_class AS c, pg_catalog.pg_extension AS e
+		 WHERE e.extname = 'status_history' AND c.relnamespace = 'status_history'::regnamespace
+		   AND c.relowner <> e.extowner});
+
+	# The upgrade path one step at a time (ALTER EXTENSION ... UPDATE TO each
+	# version of the path in turn: the same scripts, in the same order, as one
+	# ALTER EXTENSION ... UPDATE), so that what PUBLIC may do before the step
+	# into the current version is known.  What every step printed (its
+	# warnings) is kept.
+	my @path = split /--/, q1($node, $rdb, qq{
+		SELECT path FROM pg_catalog.pg_extension_update_paths('status_history')
+		 WHERE source = '$v' AND target = '$current'});
+	shift @path;
+	my ($messages, $public_before_last) = ('', '');
+	my @public_by_step = ([ $v, effective_privileges($node, $rdb, 'public') ]);
+	for my $i (0 .. $#path)
+	{
+		my $to = $path[$i];
+		my $last = $i == $#path;
+		$public_before_last = $public_by_step[-1][1] if $last;
+		my ($rc, $out, $err) = $node->psql($rdb,
+			$last ? 'ALTER EXTENSION status_history UPDATE' : "ALTER EXTENSION status_history UPDATE TO '$to'",
+			on_error_stop => 1);
+		$messages .= $err;
+		return
+		  unless is($rc == 0 ? $out : "failed: $err", '',
+			$last
+			? "$v (e): ALTER EXTENSION status_history UPDATE (from $public_by_step[-1][0]) succeeds after "
+			  . "${v}'s recipe and the workload"
+			: "$v (e): ALTER EXTENSION status_history UPDATE TO '$to' (a step of the path) succeeds after "
+			  . "${v}'s recipe and the workload");
+		push @public_by_step, [ $to, effective_privileges($node, $rdb, 'public') ];
+	}
+	my $public_after = $public_by_step[-1][1];
 
 	# (e1), (e2), (e3): what the upgrade itself leaves.
 	is(not_owned_by_extension_owner($node, $rdb), '',
@@ -931,18 +985,40 @@ sub recipe_upgrade
 		"$v (e2): status_history.roles records what ${v}'s recipe did (reporter|controller|reader|admin|public_reads)");
 	my $pr = (split /\|/, $expect)[-1];
 	my $pr_word = $pr eq 't' ? 'true' : 'false';
+	my $admin = (split /\|/, $expect)[3];
+
+	# (e3) PUBLIC: the step into the current version (this version's upgrade
+	# script) never widens what PUBLIC may do.  After it PUBLIC may do no more
+	# than it could before it, on the objects that existed then, and what it
+	# may in a fresh install after grant_roles(..., public_reads => the value
+	# roles records).  And PUBLIC keeps what it could do before it, until
+	# grant_roles().  (An earlier step is a shipped script, run as it shipped:
+	# what it gave PUBLIC stays until grant_roles() -- 0.2.0 -> 0.3.0 gives
+	# PUBLIC the reading of what it creates, after 0.2.0's recipe revoked
+	# PUBLIC's reading of 0.2.0's objects -- and is shown below, not checked.)
+	my $fresh_public = $fresh_roles{$pr}{public};
+	for my $s (1 .. $#public_by_step - 1)
 	{
-		local $TODO = $privileges_todo{public}{$v};
-		same_text(effective_privileges($node, $rdb, 'public'), $fresh_roles{$pr}{public},
-			"$v (e3): after the upgrade PUBLIC may do exactly what it may in a fresh install after "
-			  . "grant_roles(..., public_reads => $pr_word)",
-			"PUBLIC, fresh install, public_reads => $pr_word", "PUBLIC, upgraded from $v with its recipe");
+		my $gained = privileges_gained($public_by_step[ $s - 1 ][1], $public_by_step[$s][1], $fresh_public);
+		note("$v (e3): the shipped step $public_by_step[$s-1][0] -> $public_by_step[$s][0] gave PUBLIC, beyond what it "
+			  . "had and a fresh install's PUBLIC with public_reads => $pr_word has:\n$gained")
+		  if $gained ne '';
 	}
-	# What the recipe's roles could do before the upgrade and cannot after it
-	# (grant_roles() not run yet), on objects of both versions: nothing of
-	# their part (what a fresh install's grant_roles() gives them).  The
-	# history's old owner loses what only an owner may (shown, not checked).
-	my (@lost_part, @lost_other);
+	is(privileges_gained($public_before_last, $public_after, $fresh_public), '',
+		"$v (e3): the upgrade into $current gives PUBLIC nothing beyond what it could do before (on the objects "
+		  . "that existed) and what it may in a fresh install after grant_roles(..., public_reads => $pr_word)");
+	is(privileges_gained($public_after, $public_before_last, '', 1), '',
+		"$v (e3): and PUBLIC keeps what it could do before the upgrade into $current (until grant_roles())");
+
+	# (e3) The recipe's roles: what they could do before the upgrade and
+	# cannot after it (grant_roles() not run yet), on objects of both
+	# versions.  Nothing of their part (what a fresh install's grant_roles()
+	# gives them), but for the history's old owner on what it owned: the
+	# upgrade gives those relations back to the extension's owner, and the
+	# privileges the old owner had on them as their owner (its part
+	# included: it neither reads nor imports) go with them until
+	# grant_roles().  What they lose outside their part is shown, not checked.
+	my (@lost_part, @lost_owned, @lost_other);
 	for my $r (@role_names)
 	{
 		my @texts = ($roles_before->{$r}, effective_privileges($node, $rdb, $r), $fresh_roles{f}{role}{$r});
@@ -957,15 +1033,36 @@ sub recipe_upgrade
 			my @gone = grep { !$is->{$obj}{$_} } sort keys %{ $was->{$obj} };
 			my @in_part = grep { $part->{$obj}{$_} } @gone;
 			my @other = grep { !$part->{$obj}{$_} } @gone;
-			push @lost_part, "$r: $obj: " . join(',', @in_part) if @in_part;
+			if (@in_part && ($owned_before{$obj} // '') eq $r) { push @lost_owned, "$r: $obj: " . join(',', @in_part); }
+			elsif (@in_part) { push @lost_part, "$r: $obj: " . join(',', @in_part); }
 			push @lost_other, "$r: $obj: " . join(',', @other) if @other;
 		}
 	}
+	note("$v (e): lost by the upgrade until grant_roles(), by the history's old owner, of its part:\n"
+		  . join("\n", @lost_owned)) if @lost_owned;
 	note("$v (e): lost by the upgrade, outside the role's part:\n" . join("\n", @lost_other)) if @lost_other;
+	is(join("\n", @lost_part), '',
+		"$v (e3): after the upgrade (before grant_roles()) no role of ${v}'s recipe lost what its part gives it, "
+		  . 'but the old owner of a relation on that relation');
+	is(join("\n", map { s/:.*//r } @lost_owned), join("\n", ($admin) x @lost_owned),
+		"$v (e3): the role that lost its part on what it owned is the one roles records as the admin");
+
+	# The upgrade tells the operator to run grant_roles() with all four roles,
+	# naming the admin it recorded (the history's old owner): from a version
+	# before 0.4.0, whose upgrade script grants nothing to any role.
+	if (version_cmp($v, '0.4.0') < 0)
 	{
-		local $TODO = $privileges_todo{keeps}{$v};
-		is(join("\n", @lost_part), '',
-			"$v (e3): after the upgrade (before grant_roles()) no role of ${v}'s recipe lost what its part gives it");
+		like($messages, qr/WARNING:  run status_history\.grant_roles\(\) now, with all four roles/m,
+			"$v (e3): the upgrade printed a WARNING to run status_history.grant_roles() with all four roles");
+		like($messages,
+			qr/HINT:  Run, with your roles: SELECT status_history\.grant_roles\(reporter => [^\n]*admin => [^\n]*public_reads => $pr_word\);/,
+			"$v (e3): with a HINT that shows the call, with public_reads => $pr_word as roles records it");
+		if ($admin ne '')
+		{
+			like($messages, qr/WARNING:  [^\n]*grant_roles\(\).*admin => '\Q$admin\E'/m,
+				"$v (e3): the WARNING names the recorded admin, $admin (the history's old owner)");
+		}
+		note("$v (e3): the upgrade printed:\n$messages");
 	}
 
 	# (e4) the four roles adopted: as in a fresh install.
@@ -978,12 +1075,19 @@ sub recipe_upgrade
 		"$v (e4): and PUBLIC may do what it may there", "PUBLIC, fresh install, grant_roles()",
 		"PUBLIC, upgraded from $v with its recipe, grant_roles()");
 	is(q2($node, $rdb, $roles_row), $fresh_roles{f}{roles}, "$v (e4): and status_history.roles is the same");
-	{
-		local $TODO = $privileges_todo{catalog}{$v};
-		same_text(schema_dump($node, $rdb), $fresh_roles{f}{dump},
-			"$v (e4): and the catalog (initial privileges too) equals a fresh install's after the same grant_roles()",
-			"fresh install of $current, grant_roles()", "upgraded from $v with its recipe, grant_roles()");
-	}
+	same_text(schema_dump($node, $rdb), $fresh_roles{f}{dump},
+		"$v (e4): and the catalog (initial privileges too) equals a fresh install's after the same grant_roles()",
+		"fresh install of $current, grant_roles()", "upgraded from $v with its recipe, grant_roles()");
+	# The admin reads the history and imports (supplies occurred_at), as
+	# that role: also the history's old owner, which could not until now.
+	is(q2($node, $rdb, q{SET ROLE sh_admin;
+		SELECT count(*) > 0 FROM status_history.history;
+		INSERT INTO status_history.history (occurred_at, object_id, status)
+		VALUES (timestamptz '2001-02-03 04:05:06+00', 'imported-by-admin', 'paused');
+		SELECT occurred_at = timestamptz '2001-02-03 04:05:06+00' FROM status_history.history
+		 WHERE object_id = 'imported-by-admin';
+		RESET ROLE}), "t\nt",
+		"$v (e4): after grant_roles() the admin (sh_admin) reads the history and imports a row with occurred_at supplied");
 
 	# (e5) dumped and restored into a new database: the same privileges.
 	my $dir = PostgreSQL::Test::Utils::tempdir();
