@@ -521,6 +521,17 @@ repeat_of(Relation rel, ShObject *obj, ShKey *key,
 	return NULL;
 }
 
+/* Is the report stale?  Given by a restore or an import that says what it was, else by the rules. */
+static bool
+decide_stale(ShObject *obj, Datum *values, bool *nulls, const ShHistoryCols *cols, bool imported,
+			 int64 generation, int64 floor, const char *status, TimestampTz stamp)
+{
+	if (imported && !nulls[AT(cols->stale)])
+		return DatumGetBool(values[AT(cols->stale)]);
+	return (!nulls[AT(cols->stale)] && DatumGetBool(values[AT(cols->stale)])) ||
+		sh_state_stale(obj, generation, floor, status, stamp);
+}
+
 /* ---- the triggers ---- */
 
 /* SQL: BEFORE INSERT FOR EACH ROW on status_history.history */
@@ -541,6 +552,8 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 	char		status[16];
 	ShObject   *obj;
 	text	   *replica;
+	int			status_index;
+	bool		complete;
 
 	sh_check_version();
 	check_trigger_call(fcinfo, "history_insert_trigger");
@@ -565,14 +578,21 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 	}
 	generation = DatumGetInt64(values[AT(cols->generation)]);
 	text_to_cstring_buffer(DatumGetTextPP(values[AT(cols->status)]), status, sizeof(status));
+	status_index = sh_status_index(values[AT(cols->status)]);
 	replica = nulls[AT(cols->replica_id)] ? NULL : DatumGetTextPP(values[AT(cols->replica_id)]);
 	sh_fence_note_report();
 
 	/* Floors first: they may make a first report stale before its row exists. */
 	floor = sh_fence_floor(PointerGetDatum(replica), replica == NULL);
-	/* Lock, then decide from every stored row of the object, then stamp. */
+	/* Lock, then decide from the stored rows of the object (all that can decide it), then stamp. */
 	obj = sh_state_lock(values[AT(cols->object_id)]);
-	sh_state_catch_up(obj);
+	if (imported)
+	{
+		sh_state_catch_up(obj);
+		complete = true;
+	}
+	else
+		complete = sh_state_catch_up_for(obj, status_index, replica);
 	if (imported)
 	{
 		stamp = DatumGetTimestampTz(values[AT(cols->occurred_at)]);
@@ -582,20 +602,24 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 	else
 		stamp = sh_clock_next();
 
-	if (imported && !nulls[AT(cols->stale)])
-		/* A restore or an import that says what it was: keep it. */
-		stale = DatumGetBool(values[AT(cols->stale)]);
-	else
-		stale = (!nulls[AT(cols->stale)] && DatumGetBool(values[AT(cols->stale)])) ||
-			sh_state_stale(obj, generation, floor, status, stamp);
+	stale = decide_stale(obj, values, nulls, cols, imported, generation, floor, status, stamp);
 
 	if (deduplicate && !imported && !sh_fence_in_reconnect() && sh_state_repeats_allowed(obj))
 	{
-		ShKey	   *key = sh_state_key(obj, replica);
-		HeapTuple	repeated = repeat_of(rel, obj, key, values, nulls, cols, stale);
+		HeapTuple	repeated = repeat_of(rel, obj, sh_state_key(obj, replica), values, nulls, cols, stale);
 
+		/* Found to repeat a row that unfolded rows may have followed: fold them, decide again. */
+		if (repeated != NULL && !complete)
+		{
+			heap_freetuple(repeated);
+			sh_state_catch_up(obj);
+			stale = decide_stale(obj, values, nulls, cols, imported, generation, floor, status, stamp);
+			repeated = repeat_of(rel, obj, sh_state_key(obj, replica), values, nulls, cols, stale);
+		}
 		if (repeated != NULL)
 		{
+			ShKey	   *key = sh_state_key(obj, replica);
+
 			/* No row: the key was seen (report() returns the row repeated). */
 			sh_state_seen(obj, key, stamp);
 			capture_before(trigdata, stamp, repeated);
@@ -608,7 +632,7 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 	values[AT(cols->stale)] = BoolGetDatum(stale);
 	nulls[AT(cols->stale)] = false;
 	capture_before(trigdata, stamp, NULL);
-	sh_state_handed(obj, stamp);
+	sh_state_handed(obj, stamp, status_index, stale, replica);
 	return PointerGetDatum(heap_form_tuple(desc, values, nulls));
 }
 

@@ -21,7 +21,6 @@
 #include "access/tableam.h"
 #include "access/xact.h"
 #include "catalog/pg_type.h"
-#include "executor/spi.h"
 #include "storage/lmgr.h"
 #include "utils/builtins.h"
 #include "utils/datum.h"
@@ -115,87 +114,43 @@ lock_row(Relation rel, Relation index, Datum object_id, ShObject *obj)
 	return have;
 }
 
+/* What a new object's row is made of: its id and its fence. */
+typedef struct NewObject
+{
+	Datum		object_id;
+	int64		fence;
+} NewObject;
+
+/* sh_rowwriter's fill(): the new row (the rest of its columns null: no report yet). */
+static bool
+new_object_row(TupleDesc desc, Datum *values, bool *isnull, void *arg)
+{
+	NewObject  *n = (NewObject *) arg;
+
+	return sh_row_set(desc, values, isnull, "object_id", n->object_id, false) &&
+		sh_row_set(desc, values, isnull, "fence", Int64GetDatum(n->fence), false);
+}
+
 /*
- * Insert the object's row; a concurrent creator's row makes this a no-op.
- * True, with the new row's fence and TID, when this call inserted it.
+ * Insert the object's row; a concurrent creator's row makes this a no-op
+ * (as ON CONFLICT DO NOTHING).  True, with the new row's TID, when this call
+ * inserted it.
  */
 static bool
 insert_object_row(Datum object_id, int64 fence, ShObject *obj)
 {
-	static SPIPlanPtr plan = NULL;
-	Oid			types[2] = {TEXTOID, INT8OID};
-	Datum		args[2] = {object_id, Int64GetDatum(fence)};
+	NewObject	n = {object_id, fence};
 	ShSavedUser saved;
-	bool		created = false;
-	bool		isnull;
-	int			ret;
+	ShRowWriter *w;
+	bool		created;
 
-	SPI_connect();
 	sh_become_owner(sh_relation_oid("objects"), &saved);
-	if (plan == NULL)
-		plan = sh_prepare_kept("INSERT INTO status_history.objects AS o (object_id, fence) VALUES ($1, $2)"
-							   "    ON CONFLICT (object_id) DO NOTHING"
-							   " RETURNING o.fence, o.occurred_at IS NULL, o.ctid",
-							   2, types);
-	ret = sh_execute_own(plan, args, NULL);
-	if (ret != SPI_OK_INSERT_RETURNING)
-		elog(ERROR, "status_history: creating object failed: %s", SPI_result_code_string(ret));
-	/* As inserted: a fence and no report (else read it as any row). */
-	if (SPI_processed == 1 &&
-		DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull)))
-	{
-		HeapTuple	row = SPI_tuptable->vals[0];
-
-		obj->fence = DatumGetInt64(SPI_getbinval(row, SPI_tuptable->tupdesc, 1, &isnull));
-		obj->tid = *(ItemPointer) DatumGetPointer(SPI_getbinval(row, SPI_tuptable->tupdesc, 3, &isnull));
-		created = true;
-	}
+	w = sh_rowwriter_begin(sh_relation_oid("objects"));
+	created = sh_rowwriter_insert_new(w, sh_relation_oid("objects_pkey"), new_object_row, &n, &obj->tid);
+	sh_rowwriter_end(w);
 	sh_restore_user(&saved);
-	SPI_finish();
-	return created;
-}
-
-/*
- * Create the object's row.  True when this call inserted it: a row our
- * transaction inserted needs no lock (nobody else sees it before we commit,
- * and a concurrent creator waits for us on the unique index).  False: the
- * caller locks the row someone else made.
- *
- * Under REPEATABLE READ or SERIALIZABLE, ON CONFLICT DO NOTHING fails with
- * 40001 when the conflicting row was committed after the transaction's
- * snapshot -- a concurrent first report on the same object, which is no
- * conflict for us: we lock that row instead, as in READ COMMITTED.  There the
- * INSERT runs in a subtransaction, and that failure means "created by
- * someone else" -- once (first_try): a second one is a real serialization
- * failure (SERIALIZABLE's own checks raise 40001 too), and is raised.
- */
-static bool
-create_row(Datum object_id, int64 fence, ShObject *obj, bool first_try)
-{
-	MemoryContext cxt = CurrentMemoryContext;
-	ResourceOwner owner = CurrentResourceOwner;
-	volatile bool created = false;
-
-	if (!IsolationUsesXactSnapshot())
-		return insert_object_row(object_id, fence, obj);
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(cxt);
-	PG_TRY();
-	{
-		created = insert_object_row(object_id, fence, obj);
-		ReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(cxt);
-		CurrentResourceOwner = owner;
-	}
-	PG_CATCH();
-	{
-		ErrorData  *edata = sh_subxact_abort(cxt, owner);
-
-		if (edata->sqlerrcode != ERRCODE_T_R_SERIALIZATION_FAILURE || !first_try)
-			ReThrowError(edata);
-		FreeErrorData(edata);
-	}
-	PG_END_TRY();
+	if (created)
+		obj->fence = fence;
 	return created;
 }
 
@@ -216,7 +171,13 @@ sh_lock_object(Datum object_id, int64 new_fence, ShObject *obj)
 	{
 		if (attempt > 2)
 			elog(ERROR, "status_history: object row vanished while being locked");
-		if (create_row(object_id, new_fence, obj, attempt == 0))
+		/*
+		 * A row our transaction inserted needs no lock: nobody else sees it
+		 * before we commit, and a concurrent creator waits for us.  (Under
+		 * REPEATABLE READ too: the insertion checks the key against every
+		 * row, not against our snapshot.)
+		 */
+		if (insert_object_row(object_id, new_fence, obj))
 		{
 			created = true;
 			(void) sh_attnum(RelationGetDescr(rel), "objects", "status_since");

@@ -1,6 +1,6 @@
 /*
  * rowwrite.c — writing one row of status_history.objects or replica_state
- * by its TID, without a statement.
+ * by its TID, or a new one, without a statement.
  *
  * A report() call ends with a write-back of one object's row and one key's
  * row.  Through SPI that is a planned UPDATE each: a cached plan, executor
@@ -21,11 +21,15 @@
 
 #include "access/table.h"
 #include "access/tableam.h"
+#include "access/xact.h"
 #include "executor/executor.h"
 #include "nodes/makefuncs.h"
 #include "parser/parsetree.h"
+#include "storage/lmgr.h"
+#include "tcop/utility.h"
 #include "utils/builtins.h"
 #include "utils/rel.h"
+#include "utils/resowner.h"
 #include "utils/snapmgr.h"
 
 #include "status_history.h"
@@ -39,20 +43,42 @@ struct ShRowWriter
 	EPQState	epq;
 	TupleTableSlot *old;
 	TupleTableSlot *slot;
+	bool		kept;			/* one of kept[] */
+	bool		busy;			/* between begin and end */
+	SubTransactionId taken_in;	/* the subtransaction that began it */
+	bool		stale;			/* the relation changed: open it again */
 };
 
 /*
- * Open relid for updates by TID: the executor state an UPDATE statement
- * would build, once for every row written until sh_rowwriter_end().
+ * Building the executor state costs more than writing a row or two, and a
+ * statement writes back many objects: a writer per relation is kept for the
+ * transaction (its relation opened for the transaction's resource owner, its
+ * memory in the transaction's), given out when not in use, opened again
+ * after the relation changed, closed at the transaction's end.
  */
-ShRowWriter *
-sh_rowwriter_begin(Oid relid)
-{
-	ShRowWriter *w = palloc0(sizeof(ShRowWriter));
-	RangeTblEntry *rte = makeNode(RangeTblEntry);
+#define SH_KEPT_WRITERS 2
+static ShRowWriter *kept[SH_KEPT_WRITERS];
+static ProcessUtility_hook_type next_utility = NULL;
 
+static ShRowWriter *
+writer_open(Oid relid, bool keep)
+{
+	ResourceOwner owner = CurrentResourceOwner;
+	MemoryContext old_cxt = CurrentMemoryContext;
+	ShRowWriter *w;
+	RangeTblEntry *rte;
+
+	if (keep)
+	{
+		CurrentResourceOwner = TopTransactionResourceOwner;
+		MemoryContextSwitchTo(TopTransactionContext);
+	}
+	w = palloc0(sizeof(ShRowWriter));
+	w->kept = keep;
 	w->rel = table_open(relid, RowExclusiveLock);
 	w->estate = CreateExecutorState();
+	MemoryContextSwitchTo(w->estate->es_query_cxt);
+	rte = makeNode(RangeTblEntry);
 	rte->rtekind = RTE_RELATION;
 	rte->relid = relid;
 	rte->relkind = w->rel->rd_rel->relkind;
@@ -62,16 +88,23 @@ sh_rowwriter_begin(Oid relid)
 	InitResultRelInfo(w->rri, w->rel, 1, NULL, 0);
 	w->estate->es_opened_result_relations = lappend(w->estate->es_opened_result_relations, w->rri);
 	w->estate->es_output_cid = GetCurrentCommandId(true);
-	ExecOpenIndices(w->rri, false);
+	ExecOpenIndices(w->rri, true);	/* (unique indexes ready for sh_rowwriter_insert_new) */
 	EvalPlanQualInit(&w->epq, w->estate, NULL, NIL, -1);
 	w->old = table_slot_create(w->rel, NULL);
 	w->slot = table_slot_create(w->rel, NULL);
+	MemoryContextSwitchTo(old_cxt);
+	CurrentResourceOwner = owner;
 	return w;
 }
 
-void
-sh_rowwriter_end(ShRowWriter *w)
+static void
+writer_close(ShRowWriter *w)
 {
+	ResourceOwner owner = CurrentResourceOwner;
+
+	/* (A kept writer's relation and indexes are the transaction's resource owner's.) */
+	if (w->kept)
+		CurrentResourceOwner = TopTransactionResourceOwner;
 	ExecDropSingleTupleTableSlot(w->old);
 	ExecDropSingleTupleTableSlot(w->slot);
 	EvalPlanQualEnd(&w->epq);
@@ -80,6 +113,118 @@ sh_rowwriter_end(ShRowWriter *w)
 	FreeExecutorState(w->estate);
 	table_close(w->rel, NoLock);
 	pfree(w);
+	CurrentResourceOwner = owner;
+}
+
+/*
+ * A writer for updates of relid by TID and inserts: the executor state an
+ * UPDATE statement would build, for every row written until
+ * sh_rowwriter_end().  The kept one when it is free (a write from a
+ * trigger of a write gets one of its own).
+ */
+ShRowWriter *
+sh_rowwriter_begin(Oid relid)
+{
+	int			free_slot = -1;
+
+	for (int i = 0; i < SH_KEPT_WRITERS; i++)
+	{
+		ShRowWriter *w = kept[i];
+
+		if (w == NULL)
+		{
+			if (free_slot < 0)
+				free_slot = i;
+			continue;
+		}
+		if (RelationGetRelid(w->rel) != relid)
+			continue;
+		if (w->busy)
+			return writer_open(relid, false);
+		if (w->stale)
+		{
+			writer_close(w);
+			kept[i] = NULL;
+			free_slot = i;
+			break;
+		}
+		w->busy = true;
+		w->taken_in = GetCurrentSubTransactionId();
+		w->estate->es_output_cid = GetCurrentCommandId(true);
+		return w;
+	}
+	if (free_slot < 0 || !IsTransactionState())
+		return writer_open(relid, false);
+	kept[free_slot] = writer_open(relid, true);
+	kept[free_slot]->busy = true;
+	kept[free_slot]->taken_in = GetCurrentSubTransactionId();
+	return kept[free_slot];
+}
+
+/* A subtransaction aborted: the writers it (or one inside it) had begun are free again. */
+void
+sh_rowwriter_subabort(SubTransactionId aborted)
+{
+	for (int i = 0; i < SH_KEPT_WRITERS; i++)
+		if (kept[i] != NULL && kept[i]->busy && kept[i]->taken_in >= aborted)
+			kept[i]->busy = false;
+}
+
+void
+sh_rowwriter_end(ShRowWriter *w)
+{
+	if (w->kept)
+		w->busy = false;
+	else
+		writer_close(w);
+}
+
+/* The transaction ends: close the kept writers (before its resource owner lets go of them). */
+void
+sh_rowwriter_forget(void)
+{
+	for (int i = 0; i < SH_KEPT_WRITERS; i++)
+	{
+		if (kept[i] != NULL)
+			writer_close(kept[i]);
+		kept[i] = NULL;
+	}
+}
+
+/*
+ * Before a utility command (DROP EXTENSION, ALTER TABLE, TRUNCATE, ... of
+ * the state tables): close the kept writers that are not in use, so that no
+ * relation is found open by this session.
+ */
+static void
+rowwrite_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree,
+				 ProcessUtilityContext context, ParamListInfo params,
+				 QueryEnvironment *queryEnv, DestReceiver *dest, QueryCompletion *qc)
+{
+	for (int i = 0; i < SH_KEPT_WRITERS; i++)
+		if (kept[i] != NULL && !kept[i]->busy)
+		{
+			writer_close(kept[i]);
+			kept[i] = NULL;
+		}
+	(next_utility ? next_utility : standard_ProcessUtility) (pstmt, queryString, readOnlyTree,
+															 context, params, queryEnv, dest, qc);
+}
+
+void
+sh_rowwrite_init(void)
+{
+	next_utility = ProcessUtility_hook;
+	ProcessUtility_hook = rowwrite_utility;
+}
+
+/* A relation changed (an index added, say): writers of it are opened again. */
+void
+sh_rowwriter_invalidate(Oid relid)
+{
+	for (int i = 0; i < SH_KEPT_WRITERS; i++)
+		if (kept[i] != NULL && (relid == InvalidOid || RelationGetRelid(kept[i]->rel) == relid))
+			kept[i]->stale = true;
 }
 
 /*
@@ -117,6 +262,69 @@ sh_rowwriter_update(ShRowWriter *w, ItemPointer tid, ShRowModify modify, void *a
 	ExecClearTuple(w->old);
 	ExecClearTuple(w->slot);
 	return done;
+}
+
+/* The new row fill() makes (from all columns null), in w->slot. */
+static void
+new_row(ShRowWriter *w, ShRowModify fill, void *arg)
+{
+	TupleDesc	desc = RelationGetDescr(w->rel);
+
+	ExecClearTuple(w->slot);
+	memset(w->slot->tts_isnull, true, desc->natts * sizeof(bool));
+	if (!fill(desc, w->slot->tts_values, w->slot->tts_isnull, arg))
+		elog(ERROR, "status_history: a column of %s is missing", RelationGetRelationName(w->rel));
+	ExecStoreVirtualTuple(w->slot);
+}
+
+/*
+ * Insert the row fill() makes unless a row with its key in the unique index
+ * arbiter exists or is being inserted by someone else -- INSERT ... ON
+ * CONFLICT DO NOTHING, done as PostgreSQL does it (a speculative insertion:
+ * a concurrent inserter of the same key waits for us, or we for it).  True,
+ * with *tid, when inserted.  The relation's own BEFORE ROW triggers do not
+ * fire: this is the extension's write of its own new row (they would let it
+ * through).
+ */
+bool
+sh_rowwriter_insert_new(ShRowWriter *w, Oid arbiter, ShRowModify fill, void *arg, ItemPointer tid)
+{
+	List	   *arbiters = list_make1_oid(arbiter);
+	MemoryContext old_cxt;
+	bool		inserted = false;
+
+	ResetPerTupleExprContext(w->estate);
+	old_cxt = MemoryContextSwitchTo(GetPerTupleMemoryContext(w->estate));
+	new_row(w, fill, arg);
+	ExecConstraints(w->rri, w->slot, w->estate);
+	for (;;)
+	{
+		ItemPointerData conflict;
+		uint32		token;
+		bool		clash = false;
+		List	   *recheck;
+
+		/* A row with the key (ours, committed, or in progress: waited for) is there. */
+		if (!ExecCheckIndexConstraints(w->rri, w->slot, w->estate, &conflict, arbiters))
+			break;
+		token = SpeculativeInsertionLockAcquire(GetCurrentTransactionId());
+		table_tuple_insert_speculative(w->rel, w->slot, w->estate->es_output_cid, 0, NULL, token);
+		recheck = ExecInsertIndexTuples(w->rri, w->slot, w->estate, false, true, &clash, arbiters);
+		table_tuple_complete_speculative(w->rel, w->slot, token, !clash);
+		SpeculativeInsertionLockRelease(GetCurrentTransactionId());
+		list_free(recheck);
+		if (!clash)
+		{
+			*tid = w->slot->tts_tid;
+			inserted = true;
+			break;
+		}
+		/* Someone inserted the key meanwhile: look again (it is there now). */
+	}
+	MemoryContextSwitchTo(old_cxt);
+	ExecClearTuple(w->slot);
+	list_free(arbiters);
+	return inserted;
 }
 
 /* One row: sh_rowwriter_update() between begin and end. */

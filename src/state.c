@@ -55,6 +55,7 @@
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
+#include "common/hashfn.h"
 #include "utils/builtins.h"
 #include "utils/datum.h"
 #include "utils/fmgroids.h"
@@ -684,6 +685,7 @@ catch_up(ShObject *obj, TupleTableSlot *event)
 	if (obj->handed_at == SH_NO_STAMP || obj->handed_at <= obj->last_at)
 	{
 		obj->handed = 0;
+		obj->handed_dropped = false;
 		return false;
 	}
 	if (obj->handed == 1)
@@ -722,23 +724,62 @@ catch_up(ShObject *obj, TupleTableSlot *event)
 		rows_end(&s);
 	}
 	if (obj->last_at >= obj->handed_at)
+	{
 		obj->handed = 0;
+		obj->handed_dropped = false;
+	}
 	return found;
 }
 
-/* The insert trigger lets a row of obj stamped stamp go to be stored. */
+/* A key's identity for comparing a handed-over row's with a report's (equal: maybe the same). */
+static uint32
+key_hash(text *replica)
+{
+	return replica == NULL ? 0 :
+		1 + hash_bytes((const unsigned char *) VARDATA_ANY(replica), VARSIZE_ANY_EXHDR(replica));
+}
+
+/* The insert trigger lets a row of obj go to be stored, as decided: its stamp, status (sh_statuses), stale flag and replica. */
 void
-sh_state_handed(ShObject *obj, TimestampTz stamp)
+sh_state_handed(ShObject *obj, TimestampTz stamp, int status, bool stale, text *replica)
 {
 	if (obj->handed_at == SH_NO_STAMP || stamp > obj->handed_at)
 		obj->handed_at = stamp;
 	obj->handed = Min(obj->handed + 1, 2);
+	obj->handed_dropped |= (status == SH_DROPPED && !stale);
+	obj->handed_status = status;
+	obj->handed_stale = stale;
+	obj->handed_key = key_hash(replica);
 }
 
 void
 sh_state_catch_up(ShObject *obj)
 {
 	(void) catch_up(obj, NULL);
+}
+
+/*
+ * Catch obj up before a report of status and replica is decided -- unless
+ * no row handed over and not folded yet can change the decision: none was
+ * handed over as a dropped report (which makes later reports stale), and
+ * the newest was handed over as a report of another status or key (so the
+ * report cannot repeat its key's newest row while that row is the object's
+ * current report).  Then the rows stay unfolded until their events come (a
+ * bulk statement's rows of one object are folded by one scan, not a probe
+ * each), and the report is decided from the rows folded so far: as it would
+ * be from all of them.  Should a later trigger have changed or skipped such
+ * a row, folding refuses a report it made stale (27000), or the report is
+ * stored although it repeats it.  False when rows were left unfolded: a
+ * repeat must not be decided then (the key's newest row may be one of them).
+ */
+bool
+sh_state_catch_up_for(ShObject *obj, int status, text *replica)
+{
+	if (obj->handed > 0 && obj->handed_at > obj->last_at && !obj->handed_dropped &&
+		!obj->handed_stale && (obj->handed_status != status || obj->handed_key != key_hash(replica)))
+		return false;
+	(void) catch_up(obj, NULL);
+	return true;
 }
 
 /* The current report and its run of one status, found walking rows newest first. */
@@ -970,15 +1011,18 @@ state_xact_callback(XactEvent event, void *arg)
 	{
 		case XACT_EVENT_PRE_COMMIT:
 			sh_state_settle();
+			sh_rowwriter_forget();
 			sh_notify_pre_commit();
 			break;
 		case XACT_EVENT_PRE_PREPARE:
 			sh_state_settle();
+			sh_rowwriter_forget();
 			sh_notify_reset();	/* a prepared transaction may not NOTIFY */
 			break;
 		case XACT_EVENT_PARALLEL_PRE_COMMIT:
 			break;
 		default:
+			sh_rowwriter_forget();
 			/* The memory is gone with the transaction. */
 			state_cxt = NULL;
 			objects = NULL;
@@ -998,7 +1042,10 @@ state_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 		sh_notify_subxact(event == SUBXACT_EVENT_COMMIT_SUB);
 	/* Its rows, locks and writes are gone: so is what the entries read or folded in it. */
 	if (event == SUBXACT_EVENT_ABORT_SUB)
+	{
 		imports_abort(mySubid);
+		sh_rowwriter_subabort(mySubid);
+	}
 	if (event == SUBXACT_EVENT_ABORT_SUB && objects != NULL && newest_touch >= mySubid)
 	{
 		HASH_SEQ_STATUS seq;
@@ -1020,6 +1067,7 @@ state_relcache_callback(Datum arg, Oid relid)
 {
 	if (relid == InvalidOid || relid == state_relid)
 		state_recheck = true;
+	sh_rowwriter_invalidate(relid);
 }
 
 void

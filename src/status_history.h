@@ -127,6 +127,11 @@ typedef struct ShObject
 	/* Rows the insert trigger let go to be stored since all were folded. */
 	TimestampTz handed_at;		/* the newest one's stamp */
 	int			handed;			/* how many (2: at least that many, or not known) */
+	bool		handed_dropped; /* one of them was handed over as dropped */
+	/* The newest one as handed over: its status (sh_statuses), stale flag, key (a hash). */
+	int			handed_status;
+	bool		handed_stale;
+	uint32		handed_key;
 	bool		has_current;	/* has a non-stale report */
 	TimestampTz current_at;		/* its stamp */
 	ItemPointerData current_tid;	/* its history row, if known (a hint) */
@@ -158,7 +163,8 @@ extern void sh_read_keys(ShObject *obj, MemoryContext cxt);
 extern void sh_state_init(void);
 extern ShObject *sh_state_lock(Datum object_id);
 extern void sh_state_catch_up(ShObject *obj);
-extern void sh_state_handed(ShObject *obj, TimestampTz stamp);
+extern bool sh_state_catch_up_for(ShObject *obj, int status, text *replica);
+extern void sh_state_handed(ShObject *obj, TimestampTz stamp, int status, bool stale, text *replica);
 extern ShKey *sh_state_key(ShObject *obj, text *replica);
 extern bool sh_state_stale(const ShObject *obj, int64 generation, int64 floor,
 						   const char *status, TimestampTz stamp);
@@ -185,7 +191,13 @@ typedef bool (*ShRowModify) (TupleDesc desc, Datum *values, bool *isnull, void *
 typedef struct ShRowWriter ShRowWriter;
 extern ShRowWriter *sh_rowwriter_begin(Oid relid);
 extern bool sh_rowwriter_update(ShRowWriter *w, ItemPointer tid, ShRowModify modify, void *arg);
+extern bool sh_rowwriter_insert_new(ShRowWriter *w, Oid arbiter, ShRowModify fill, void *arg,
+									ItemPointer tid);
 extern void sh_rowwriter_end(ShRowWriter *w);
+extern void sh_rowwrite_init(void);
+extern void sh_rowwriter_forget(void);
+extern void sh_rowwriter_subabort(SubTransactionId aborted);
+extern void sh_rowwriter_invalidate(Oid relid);
 extern bool sh_rowwrite(Oid relid, ItemPointer tid, ShRowModify modify, void *arg);
 extern bool sh_row_text_is(TupleDesc desc, Datum *values, bool *isnull, const char *name, text *t);
 extern bool sh_row_set(TupleDesc desc, Datum *values, bool *isnull, const char *name,
@@ -202,6 +214,7 @@ extern void sh_notify_subxact(bool commit);
 
 /* history.c */
 #define SH_NSTATUSES 6
+#define SH_DROPPED 5			/* sh_statuses[SH_DROPPED] is "dropped" */
 extern const char *const sh_statuses[SH_NSTATUSES];
 extern int	sh_status_index(Datum status);
 extern void sh_history_init(void);

@@ -210,7 +210,27 @@ key_row(TupleDesc desc, Datum *values, bool *isnull, void *arg)
 				   !k->has_current);
 }
 
-/* A key's first row, or the fallback for one whose TID is not known: an upsert. */
+/* sh_rowwriter's fill(): a key's first row. */
+static bool
+new_key_row(TupleDesc desc, Datum *values, bool *isnull, void *arg)
+{
+	KeyWrite   *w = (KeyWrite *) arg;
+	const ShKey *k = w->key;
+
+	return sh_row_set(desc, values, isnull, "object_id", PointerGetDatum(w->object_id), false) &&
+		sh_row_set(desc, values, isnull, "replica_id", PointerGetDatum(k->replica_id),
+				   k->replica_id == NULL) &&
+		sh_row_set(desc, values, isnull, "last_at", TimestampTzGetDatum(k->last_at), false) &&
+		sh_row_set(desc, values, isnull, "last_seen_at", TimestampTzGetDatum(k->last_seen_at), false) &&
+		sh_row_set(desc, values, isnull, "occurred_at", TimestampTzGetDatum(k->current_at),
+				   !k->has_current) &&
+		sh_row_set(desc, values, isnull, "status",
+				   k->has_current ? CStringGetTextDatum(k->status) : (Datum) 0, !k->has_current) &&
+		sh_row_set(desc, values, isnull, "status_since", TimestampTzGetDatum(k->status_since),
+				   !k->has_current);
+}
+
+/* The fallback for a key whose row's TID is not known (or is no longer its row): an upsert. */
 static void
 upsert_key_row(text *object_id, ShKey *k)
 {
@@ -263,6 +283,7 @@ void
 sh_write_object(ShObject *obj, TupleTableSlot *row)
 {
 	ShSavedUser saved;
+	ShRowWriter *keys = NULL;
 	bool		any = obj->dirty;
 
 	for (int i = 0; i < obj->nkeys && !any; i++)
@@ -282,10 +303,17 @@ sh_write_object(ShObject *obj, TupleTableSlot *row)
 
 		if (!k->dirty || k->last_at == SH_NO_STAMP)
 			continue;
-		if (!k->stored || !sh_rowwrite(sh_relation_oid("replica_state"), &k->tid, key_row, &w))
+		if (keys == NULL)
+			keys = sh_rowwriter_begin(sh_relation_oid("replica_state"));
+		/* (A key not known to be stored may have a restored row: then the upsert merges.) */
+		if (k->stored ? !sh_rowwriter_update(keys, &k->tid, key_row, &w) :
+			!sh_rowwriter_insert_new(keys, sh_relation_oid("replica_state_key"), new_key_row, &w, &k->tid))
 			upsert_key_row(obj->id, k);
+		k->stored = true;
 		k->dirty = false;
 	}
+	if (keys != NULL)
+		sh_rowwriter_end(keys);
 	sh_restore_user(&saved);
 	SPI_finish();
 }
