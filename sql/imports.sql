@@ -18,6 +18,13 @@ INSERT INTO status_history.history (occurred_at, object_id, status)
 VALUES (clock_timestamp() + interval '20 s', 'ahead', 'stalled');
 RESET status_history.max_import_lead;
 SET status_history.max_import_lead = '-2';
+-- Only a superuser may change it: an importer could move every later stamp
+-- to the end of time.
+CREATE ROLE sh_lead_setter;
+SET ROLE sh_lead_setter;
+SET status_history.max_import_lead = -1;
+RESET ROLE;
+DROP ROLE sh_lead_setter;
 SELECT count(*) FROM status_history.history WHERE object_id = 'ahead';
 
 -- Materialize's export: millisecond stamps, not unique.

@@ -8,6 +8,63 @@
 \echo Use "CREATE EXTENSION status_history" to load this file. \quit
 
 -- ---------------------------------------------------------------------------
+-- The schema must be the extension's alone.  PostgreSQL installs into a
+-- status_history schema that exists already: one a database owner created
+-- (or may create in) could hold functions that shadow ours for callers, and
+-- that role could change what the extension runs with its owner's rights.
+-- @@ schema guard (every upgrade script checks the same)
+-- ---------------------------------------------------------------------------
+DO $$
+DECLARE
+    owner_is_superuser boolean;
+    creators text;
+    foreign_objects text[];
+BEGIN
+    SELECT r.rolsuper,
+           (SELECT pg_catalog.string_agg(CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                                             ELSE a.grantee::pg_catalog.regrole::text END, ', ')
+              FROM pg_catalog.aclexplode(n.nspacl) AS a
+             WHERE a.privilege_type OPERATOR(pg_catalog.=) 'CREATE'
+               AND a.grantee OPERATOR(pg_catalog.<>) n.nspowner)
+      INTO owner_is_superuser, creators
+      FROM pg_catalog.pg_namespace AS n JOIN pg_catalog.pg_roles AS r ON r.oid OPERATOR(pg_catalog.=) n.nspowner
+     WHERE n.nspname OPERATOR(pg_catalog.=) 'status_history';
+    IF NOT owner_is_superuser OR creators IS NOT NULL THEN
+        RAISE EXCEPTION 'schema status_history is not the extension''s alone'
+            USING ERRCODE = '42501',
+                  DETAIL = CASE WHEN NOT owner_is_superuser THEN 'Its owner is not a superuser.'
+                           ELSE pg_catalog.format('CREATE on it is granted to %s.', creators) END,
+                  HINT = 'Let CREATE EXTENSION create the schema: drop the one that exists (after checking what is in it), or give it to a superuser and revoke CREATE from everyone else.';
+    END IF;
+    WITH nsp AS (SELECT n.oid FROM pg_catalog.pg_namespace AS n WHERE n.nspname OPERATOR(pg_catalog.=) 'status_history'),
+        ext AS (SELECT e.oid FROM pg_catalog.pg_extension AS e WHERE e.extname OPERATOR(pg_catalog.=) 'status_history'),
+        member AS (SELECT d.classid, d.objid FROM pg_catalog.pg_depend AS d, ext
+                    WHERE d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
+                      AND d.refobjid OPERATOR(pg_catalog.=) ext.oid AND d.deptype OPERATOR(pg_catalog.=) 'e'),
+        objs AS (
+          SELECT 'pg_catalog.pg_proc'::pg_catalog.regclass AS classid, p.oid AS objid FROM pg_catalog.pg_proc AS p, nsp WHERE p.pronamespace OPERATOR(pg_catalog.=) nsp.oid
+          UNION ALL SELECT 'pg_catalog.pg_operator'::pg_catalog.regclass, o.oid FROM pg_catalog.pg_operator AS o, nsp WHERE o.oprnamespace OPERATOR(pg_catalog.=) nsp.oid
+          UNION ALL SELECT 'pg_catalog.pg_class'::pg_catalog.regclass, c.oid FROM pg_catalog.pg_class AS c, nsp WHERE c.relnamespace OPERATOR(pg_catalog.=) nsp.oid AND c.relkind OPERATOR(pg_catalog.<>) ALL (ARRAY['i', 'I', 't', 'c']::pg_catalog."char"[])
+          UNION ALL SELECT 'pg_catalog.pg_type'::pg_catalog.regclass, t.oid FROM pg_catalog.pg_type AS t, nsp WHERE t.typnamespace OPERATOR(pg_catalog.=) nsp.oid AND t.typrelid OPERATOR(pg_catalog.=) 0
+                AND NOT EXISTS (SELECT FROM pg_catalog.pg_type AS e WHERE e.oid OPERATOR(pg_catalog.=) t.typelem AND e.typrelid OPERATOR(pg_catalog.<>) 0)
+          UNION ALL SELECT 'pg_catalog.pg_collation'::pg_catalog.regclass, c.oid FROM pg_catalog.pg_collation AS c, nsp WHERE c.collnamespace OPERATOR(pg_catalog.=) nsp.oid
+          UNION ALL SELECT 'pg_catalog.pg_conversion'::pg_catalog.regclass, c.oid FROM pg_catalog.pg_conversion AS c, nsp WHERE c.connamespace OPERATOR(pg_catalog.=) nsp.oid
+          UNION ALL SELECT 'pg_catalog.pg_opfamily'::pg_catalog.regclass, f.oid FROM pg_catalog.pg_opfamily AS f, nsp WHERE f.opfnamespace OPERATOR(pg_catalog.=) nsp.oid
+          UNION ALL SELECT 'pg_catalog.pg_extension'::pg_catalog.regclass, e.oid FROM pg_catalog.pg_extension AS e, nsp WHERE e.extnamespace OPERATOR(pg_catalog.=) nsp.oid AND e.extname OPERATOR(pg_catalog.<>) 'status_history'
+        )
+        SELECT pg_catalog.array_agg(pg_catalog.pg_describe_object(o.classid, o.objid, 0)) FROM objs AS o
+         WHERE NOT EXISTS (SELECT FROM member AS m WHERE m.classid OPERATOR(pg_catalog.=) o.classid AND m.objid OPERATOR(pg_catalog.=) o.objid) INTO foreign_objects;
+    IF foreign_objects IS NOT NULL THEN
+        RAISE EXCEPTION 'schema status_history holds objects that are not the extension''s'
+            USING ERRCODE = '42501',
+                  DETAIL = pg_catalog.format('Not the extension''s: %s.', pg_catalog.array_to_string(foreign_objects, ', ')),
+                  HINT = 'They could shadow the extension''s functions for its callers: drop them (after checking what they do), then try again.';
+    END IF;
+END
+$$;
+
+
+-- ---------------------------------------------------------------------------
 -- The history: one row per report, never updated or deleted.
 -- ---------------------------------------------------------------------------
 CREATE TABLE status_history.history (
@@ -572,9 +629,10 @@ COMMENT ON FUNCTION status_history.time_in_status(timestamptz, timestamptz, text
 
 -- ---------------------------------------------------------------------------
 -- Privileges: one matrix, in apply_privileges().  The install script applies
--- it, every upgrade script applies it again (so what an upgrade creates is
--- granted as a fresh install grants it), and grant_roles() records the
--- operator's roles and applies it to them (README: Roles).
+-- it, grant_roles() records the operator's roles and applies it to them
+-- (README: Roles), a restore of roles applies it again.  An upgrade script
+-- grants what it creates as the matrix does, and nothing on what exists (a
+-- GRANT there would be recorded in pg_init_privs as the extension's own).
 -- ---------------------------------------------------------------------------
 -- @@ privileges (roles)
 CREATE TABLE status_history.roles (
@@ -590,6 +648,7 @@ SELECT pg_catalog.pg_extension_config_dump('status_history.roles', '');
 
 COMMENT ON TABLE status_history.roles IS
     'The roles status_history.grant_roles() grants to (one row); admin may also import (supply occurred_at). Maintained by grant_roles().';
+COMMENT ON COLUMN status_history.roles.singleton IS 'Always true: the table has one row.';
 COMMENT ON COLUMN status_history.roles.reporter IS 'May report: INSERT on the history.';
 COMMENT ON COLUMN status_history.roles.controller IS 'May report, reconnect() and retire_replica().';
 COMMENT ON COLUMN status_history.roles.reader IS 'May read the history, the state, the views and the history questions.';
@@ -626,16 +685,38 @@ DECLARE
     admin_functions CONSTANT text := 'status_history.prune(integer, interval)';
 BEGIN
     SELECT * INTO r FROM status_history.roles;
-    -- Nothing for anyone first: what an earlier version or recipe granted goes too.
+    -- Nothing for anyone first: what an earlier version, a recipe, an owner
+    -- or an operator granted goes too, to whomever it was granted (a role
+    -- holding TRIGGER could make the extension's owner run its code).
     FOR who IN SELECT 'PUBLIC'
-               UNION ALL
-               SELECT DISTINCT x::text   -- (a regrole's text is a quoted identifier)
+               UNION
+               SELECT x::text   -- (a regrole's text is a quoted identifier)
                  FROM pg_catalog.unnest(ARRAY[r.reporter, r.controller, r.reader, r.admin]) AS x
                 WHERE x IS NOT NULL
+               UNION
+               SELECT g.grantee::pg_catalog.regrole::text
+                 FROM (SELECT (pg_catalog.aclexplode(c.relacl)).grantee, c.relowner AS owner
+                         FROM pg_catalog.pg_class AS c
+                        WHERE c.relnamespace OPERATOR(pg_catalog.=) 'status_history'::pg_catalog.regnamespace
+                       UNION ALL
+                       SELECT (pg_catalog.aclexplode(a.attacl)).grantee, c.relowner
+                         FROM pg_catalog.pg_attribute AS a
+                         JOIN pg_catalog.pg_class AS c ON c.oid OPERATOR(pg_catalog.=) a.attrelid
+                        WHERE c.relnamespace OPERATOR(pg_catalog.=) 'status_history'::pg_catalog.regnamespace
+                       UNION ALL
+                       SELECT (pg_catalog.aclexplode(p.proacl)).grantee, p.proowner
+                         FROM pg_catalog.pg_proc AS p
+                        WHERE p.pronamespace OPERATOR(pg_catalog.=) 'status_history'::pg_catalog.regnamespace
+                       UNION ALL
+                       SELECT (pg_catalog.aclexplode(n.nspacl)).grantee, n.nspowner
+                         FROM pg_catalog.pg_namespace AS n
+                        WHERE n.oid OPERATOR(pg_catalog.=) 'status_history'::pg_catalog.regnamespace) AS g
+                WHERE g.grantee OPERATOR(pg_catalog.<>) g.owner AND g.grantee OPERATOR(pg_catalog.<>) 0
     LOOP
         EXECUTE pg_catalog.format('REVOKE ALL ON ALL TABLES IN SCHEMA status_history FROM %s', who);
         EXECUTE pg_catalog.format('REVOKE ALL ON ALL SEQUENCES IN SCHEMA status_history FROM %s', who);
         EXECUTE pg_catalog.format('REVOKE ALL ON ALL FUNCTIONS IN SCHEMA status_history FROM %s', who);
+        EXECUTE pg_catalog.format('REVOKE ALL ON SCHEMA status_history FROM %s', who);
     END LOOP;
     EXECUTE 'GRANT USAGE ON SCHEMA status_history TO PUBLIC';
     EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO PUBLIC', everyone_functions);
@@ -664,7 +745,7 @@ END
 $$;
 
 COMMENT ON FUNCTION status_history.apply_privileges() IS
-    'Grants exactly the privileges of the recorded roles (status_history.roles) and of PUBLIC, revoking everything else from them; run by every install and upgrade script.';
+    'Grants exactly the privileges of the recorded roles (status_history.roles) and of PUBLIC, revoking everything else from every role but the owners; run by the install script, grant_roles() and a restore of roles.';
 
 CREATE FUNCTION status_history.grant_roles(
     reporter     regrole DEFAULT NULL,

@@ -154,7 +154,9 @@ validate_report(Datum *values, bool *nulls, const ShHistoryCols *cols)
  * status_history.max_import_lead, in milliseconds: how far ahead of the
  * server clock an imported stamp may be (-1: no limit).  Every later stamp
  * comes after an imported one, so one far in the future would freeze the
- * clock there.
+ * clock there.  Only a superuser may change it: an importer could otherwise
+ * move every later stamp to the end of time (the clock's bound is
+ * persisted before the import commits).
  */
 static int	max_import_lead = 10000;
 
@@ -272,7 +274,7 @@ sh_history_init(void)
 							"How far ahead of the server clock an imported occurred_at may be.",
 							"-1 allows any stamp; a stamp far ahead holds every later stamp back until then.",
 							&max_import_lead, 10000, -1, INT_MAX,
-							PGC_USERSET, GUC_UNIT_MS, NULL, NULL, NULL);
+							PGC_SUSET, GUC_UNIT_MS, NULL, NULL, NULL);
 	DefineCustomBoolVariable("status_history.deduplicate",
 							 "A report that repeats its key's newest row appends no row.",
 							 "It moves the key's last_seen_at instead; off records every report.",

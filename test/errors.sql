@@ -107,7 +107,7 @@ CREATE ROLE sh_tap_reporter;
 GRANT INSERT ON status_history.history TO sh_tap_reporter;
 SET ROLE sh_tap_reporter;
 SELECT throws_ok($$INSERT INTO status_history.history (occurred_at, object_id, status) VALUES (now(), 'e1', 'running')$$,
-                 '42501', 'only the owner of status_history.history may supply occurred_at');
+                 '42501', 'only superusers and members of the admin role of status_history may supply occurred_at');
 SELECT throws_ok($$SELECT status_history.reconnect(9)$$,
                  '42501', 'permission denied for function reconnect');
 SELECT throws_ok($$SELECT status_history.prune(1)$$,

@@ -1,0 +1,45 @@
+-- The schema must be the extension's alone (README: Roles).  PostgreSQL
+-- installs into a status_history schema that exists already; one owned by
+-- another role, or one others may create in, or holding objects of its own,
+-- could shadow the extension's functions for every caller (a grant_roles()
+-- taking text, picked by a superuser's call with string literals).
+\set SHOW_CONTEXT never
+-- (An earlier test's CREATE EXTENSION created the schema; DROP EXTENSION left it.)
+SET client_min_messages = warning;
+DROP SCHEMA IF EXISTS status_history;
+RESET client_min_messages;
+CREATE ROLE sh_squatter;
+CREATE SCHEMA status_history AUTHORIZATION sh_squatter;
+CREATE EXTENSION status_history;
+ALTER SCHEMA status_history OWNER TO CURRENT_USER;
+GRANT CREATE ON SCHEMA status_history TO sh_squatter;
+CREATE EXTENSION status_history;
+REVOKE CREATE ON SCHEMA status_history FROM sh_squatter;
+CREATE FUNCTION status_history.grant_roles(text, text, text, text, boolean)
+RETURNS void LANGUAGE sql AS 'SELECT NULL';
+CREATE EXTENSION status_history;
+SELECT count(*) AS extensions FROM pg_extension WHERE extname = 'status_history';
+DROP FUNCTION status_history.grant_roles(text, text, text, text, boolean);
+-- An empty schema owned by a superuser, with CREATE for its owner only, will do.
+CREATE EXTENSION status_history;
+SELECT status FROM status_history.report('guarded', 'running');
+DROP EXTENSION status_history;
+DROP SCHEMA status_history;
+
+-- grant_roles() leaves no role anything but its part: privileges granted to
+-- other roles (here TRIGGER, which would let a role attach code that the
+-- extension's owner runs, and CREATE on the schema) go too.
+CREATE EXTENSION status_history;
+GRANT TRIGGER, TRUNCATE ON status_history.history TO sh_squatter;
+GRANT SELECT (object_id) ON status_history.objects TO sh_squatter;
+GRANT CREATE ON SCHEMA status_history TO sh_squatter;
+GRANT EXECUTE ON FUNCTION status_history.prune(integer, interval) TO sh_squatter;
+SELECT status_history.grant_roles();
+SELECT has_table_privilege('sh_squatter', 'status_history.history', 'TRIGGER') AS may_trigger,
+       has_table_privilege('sh_squatter', 'status_history.history', 'TRUNCATE') AS may_truncate,
+       has_column_privilege('sh_squatter', 'status_history.objects', 'object_id', 'SELECT') AS may_read_column,
+       has_schema_privilege('sh_squatter', 'status_history', 'CREATE') AS may_create,
+       has_function_privilege('sh_squatter', 'status_history.prune(integer, interval)', 'EXECUTE') AS may_prune,
+       has_schema_privilege('sh_squatter', 'status_history', 'USAGE') AS may_use_schema;
+DROP EXTENSION status_history;
+DROP ROLE sh_squatter;
