@@ -392,6 +392,32 @@ SELECT '2023-05-05 00:00:00.000011'::timestamptz + i * interval '1 s', 'pd2',
 SELECT count(*) AS past_rows FROM status_history.history WHERE object_id IN ('pd', 'pd2');
 SELECT state_mismatches() AS after_past_imports;
 
+-- One statement, rows of one object: a report is decided before the rows
+-- before it are folded only when they cannot change its verdict.  After a
+-- dropped row: stale; the same key and status again: a repeat (no row);
+-- another key's row between: latest wins, a row.
+INSERT INTO status_history.history (object_id, status, replica_id, generation)
+VALUES ('sp1', 'running', 'r1', 9), ('sp1', 'dropped', 'r1', 9), ('sp1', 'running', 'r2', 9),
+       ('sp2', 'running', 'r1', 9), ('sp2', 'stalled', 'r1', 9), ('sp2', 'stalled', 'r1', 9),
+       ('sp3', 'stalled', 'r1', 9), ('sp3', 'running', 'r2', 9), ('sp3', 'stalled', 'r1', 9);
+SELECT object_id, status, replica_id, stale FROM status_history.history
+ WHERE object_id LIKE 'sp_' ORDER BY occurred_at;
+SELECT object_id, status, replica_id FROM status_history.statuses WHERE object_id LIKE 'sp_' ORDER BY 1;
+-- A later trigger turning such a row into a dropped report after the one
+-- after it was decided not stale: refused, nothing stored.
+CREATE FUNCTION public.drop_it() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN IF NEW.error = 'drop it' THEN NEW.status := 'dropped'; END IF; RETURN NEW; END $$;
+CREATE TRIGGER zz_drop_it BEFORE INSERT ON status_history.history
+    FOR EACH ROW EXECUTE FUNCTION public.drop_it();
+\set VERBOSITY sqlstate
+INSERT INTO status_history.history (object_id, status, error, generation)
+VALUES ('sp4', 'running', 'drop it', 9), ('sp4', 'stalled', NULL, 9);
+\set VERBOSITY default
+DROP TRIGGER zz_drop_it ON status_history.history;
+DROP FUNCTION public.drop_it();
+SELECT count(*) AS sp4_rows FROM status_history.history WHERE object_id = 'sp4';
+SELECT state_mismatches() AS after_undecided_rows;
+
 REVOKE ALL ON status_history.history FROM sh_wp_reporter;
 DROP FUNCTION public.policy_report(text);
 DROP ROLE sh_wp_reporter;
