@@ -7,7 +7,10 @@
 # bench/run.sh (BENCH_DEFAULT_CONF=1: the default postgresql.conf).  Figures: report() vs a plain INSERT with 1 and 8 clients
 # (transactions per second), one INSERT ... SELECT of BULK reports over
 # OBJECTS objects, and reconnect() over those objects, each against its plain
-# baseline.  Prints one line per revision and round; compare the medians.
+# baseline -- timed by the wall clock, and once more by the CPU time of the
+# backend that runs it (less noisy on a shared machine; new objects, all of
+# them reconnected).  Prints one line per revision and round; compare the
+# medians.
 #
 #   bench/compare.sh c1c3655 HEAD            # ROUNDS=3 DURATION=5 BULK=200000 OBJECTS=20000
 set -euo pipefail
@@ -40,6 +43,18 @@ install_rev() {
 tps() { sed -n 's/^tps = \([0-9.]*\).*/\1/p'; }
 # Seconds a psql command takes.
 timed() { local t0 t1; t0=$(date +%s.%N); "$@" >/dev/null; t1=$(date +%s.%N); echo "$t1 - $t0" | bc; }
+# The CPU seconds (user + system) of the backend that runs SQL statement $2
+# with psql command $1...: less noisy than the wall clock on a shared machine.
+ticks=$(getconf CLK_TCK)
+cpu_of() {
+    local sql=${!#} cpu
+    local -a psql=("${@:1:$#-1}")
+    cpu=$("${psql[@]}" -c "CREATE TEMP VIEW cpu AS SELECT split_part(s, ' ', 14)::bigint + split_part(s, ' ', 15)::bigint AS t
+                             FROM pg_read_file('/proc/' || pg_backend_pid() || '/stat') AS s" \
+                        -c "SELECT t FROM cpu" -c "$sql" -c "SELECT t FROM cpu" | grep -E '^[0-9]+$' | tail -2 | tr '\n' ' ')
+    set -- $cpu
+    echo "($2 - $1) / $ticks" | bc -l
+}
 
 run_rev() {
     local v=$1 rev=$2 port=$3 bin="$work/pg$1/usr/lib/postgresql/15/bin" d="$work/data$1"
@@ -74,10 +89,17 @@ EOF
     bbulk=$(timed "${P[@]}" -c "INSERT INTO base (occurred_at, object_id, status, error, generation, stale) SELECT clock_timestamp(), 'b' || (i % $OBJECTS), (ARRAY['running', 'stalled'])[1 + (i / $OBJECTS) % 2], 'e', 0, false FROM generate_series(1, $BULK) AS i")
     rc=$(timed "${P[@]}" -c "SELECT count(*) FROM status_history.reconnect(1)")
     brc=$(timed "${P[@]}" -c "INSERT INTO base (occurred_at, object_id, status, generation, stale) SELECT clock_timestamp(), object_id, status, 1, false FROM status_history.objects")
+    # The same two again, timed by the backend's CPU (new objects, a new generation).
+    local cbulk cbbulk crc cbrc
+    cbulk=$(cpu_of "${P[@]}" "INSERT INTO status_history.history (object_id, status, error) SELECT 'c' || (i % $OBJECTS), (ARRAY['running', 'stalled'])[1 + (i / $OBJECTS) % 2], 'e' FROM generate_series(1, $BULK) AS i")
+    cbbulk=$(cpu_of "${P[@]}" "INSERT INTO base (occurred_at, object_id, status, error, generation, stale) SELECT clock_timestamp(), 'c' || (i % $OBJECTS), (ARRAY['running', 'stalled'])[1 + (i / $OBJECTS) % 2], 'e', 0, false FROM generate_series(1, $BULK) AS i")
+    crc=$(cpu_of "${P[@]}" "DO \$\$BEGIN PERFORM count(*) FROM status_history.reconnect(2); END\$\$")
+    cbrc=$(cpu_of "${P[@]}" "INSERT INTO base (occurred_at, object_id, status, generation, stale) SELECT clock_timestamp(), object_id, status, 2, false FROM status_history.objects")
     as_pg "$bin/pg_ctl" -D "$d" -m fast stop >/dev/null
-    printf '%-10s report 1 client %8.0f tps (%.3f of INSERT)  8 clients %8.0f tps (%.3f)  bulk %6.2f s (%.2fx)  reconnect %6.2f s (%.2fx)\n' \
+    printf '%-10s report 1 client %8.0f tps (%.3f of INSERT)  8 clients %8.0f tps (%.3f)  bulk %6.2f s (%.2fx)  reconnect %6.2f s (%.2fx)  CPU: bulk %5.2f s (%.2fx)  reconnect %5.2f s (%.2fx)\n' \
         "$rev" "$r1" "$(echo "$r1 / $b1" | bc -l)" "$r8" "$(echo "$r8 / $b8" | bc -l)" \
-        "$bulk" "$(echo "$bulk / $bbulk" | bc -l)" "$rc" "$(echo "$rc / $brc" | bc -l)"
+        "$bulk" "$(echo "$bulk / $bbulk" | bc -l)" "$rc" "$(echo "$rc / $brc" | bc -l)" \
+        "$cbulk" "$(echo "$cbulk / $cbbulk" | bc -l)" "$crc" "$(echo "$crc / $cbrc" | bc -l)"
 }
 
 command -v bc >/dev/null || { apt-get install -y -qq bc >/dev/null 2>&1 || sudo apt-get install -y -qq bc >/dev/null; }

@@ -66,6 +66,30 @@ read_object_row(TupleTableSlot *slot, ShObject *obj)
 }
 
 /*
+ * Open a state table (ROW EXCLUSIVE, kept to the end of the transaction)
+ * and one of its indexes: those its kept writer holds open (rowwrite.c),
+ * which saves opening them for every object.  True when they are those.
+ */
+static bool
+open_table(Oid relid, Oid indexid, Relation *rel, Relation *index)
+{
+	if (sh_kept_relation(relid, indexid, rel, index))
+		return true;
+	*rel = table_open(relid, RowExclusiveLock);
+	*index = index_open(indexid, RowExclusiveLock);
+	return false;
+}
+
+static void
+close_table(bool kept, Relation rel, Relation index)
+{
+	if (kept)
+		return;
+	index_close(index, NoLock);
+	table_close(rel, NoLock);
+}
+
+/*
  * Find the object's row and lock its newest version (waiting for whoever
  * holds it).  False when there is no row.
  */
@@ -162,9 +186,9 @@ insert_object_row(Datum object_id, int64 fence, ShObject *obj)
 bool
 sh_lock_object(Datum object_id, int64 new_fence, ShObject *obj)
 {
-	Oid			relid = sh_relation_oid("objects");
-	Relation	rel = table_open(relid, RowExclusiveLock);
-	Relation	index = index_open(RelationGetPrimaryKeyIndex(rel), RowExclusiveLock);
+	Relation	rel;
+	Relation	index;
+	bool		kept = open_table(sh_relation_oid("objects"), sh_relation_oid("objects_pkey"), &rel, &index);
 	bool		created = false;
 
 	for (int attempt = 0; !lock_row(rel, index, object_id, obj); attempt++)
@@ -184,8 +208,7 @@ sh_lock_object(Datum object_id, int64 new_fence, ShObject *obj)
 			break;
 		}
 	}
-	index_close(index, NoLock);
-	table_close(rel, NoLock);
+	close_table(kept, rel, index);
 	return created;
 }
 
@@ -257,8 +280,10 @@ sh_read_keys(ShObject *obj, MemoryContext cxt)
 	 * this read waits for it -- never a key written here on a read made
 	 * before the restore's rows existed.
 	 */
-	Relation	rel = table_open(sh_relation_oid("replica_state"), RowExclusiveLock);
-	Relation	index = index_open(sh_relation_oid("replica_state_key"), AccessShareLock);
+	Relation	rel;
+	Relation	index;
+	bool		kept = open_table(sh_relation_oid("replica_state"), sh_relation_oid("replica_state_key"),
+								  &rel, &index);
 	TupleTableSlot *slot = table_slot_create(rel, NULL);
 	KeyColumns	cols;
 	Snapshot	snapshot;
@@ -291,6 +316,5 @@ sh_read_keys(ShObject *obj, MemoryContext cxt)
 	index_endscan(scan);
 	UnregisterSnapshot(snapshot);
 	ExecDropSingleTupleTableSlot(slot);
-	index_close(index, AccessShareLock);
-	table_close(rel, NoLock);
+	close_table(kept, rel, index);
 }

@@ -161,6 +161,38 @@ sh_rowwriter_begin(Oid relid)
 	return kept[free_slot];
 }
 
+/*
+ * The relation relid and its index indexid, opened for the transaction with
+ * relid's kept writer (opened now if need be), for reading within one call
+ * (lock.c: an object's row and its keys).  False when there is no kept
+ * writer to lend them: the caller opens them itself.
+ */
+bool
+sh_kept_relation(Oid relid, Oid indexid, Relation *rel, Relation *index)
+{
+	ShRowWriter *w = NULL;
+
+	for (int i = 0; i < SH_KEPT_WRITERS && w == NULL; i++)
+		if (kept[i] != NULL && RelationGetRelid(kept[i]->rel) == relid && !kept[i]->stale)
+			w = kept[i];
+	if (w == NULL)
+	{
+		/* (Opens a kept writer, or a writer of its own when it cannot.) */
+		w = sh_rowwriter_begin(relid);
+		sh_rowwriter_end(w);
+		if (!w->kept)
+			return false;
+	}
+	for (int i = 0; i < w->rri->ri_NumIndices; i++)
+		if (RelationGetRelid(w->rri->ri_IndexRelationDescs[i]) == indexid)
+		{
+			*rel = w->rel;
+			*index = w->rri->ri_IndexRelationDescs[i];
+			return true;
+		}
+	return false;
+}
+
 /* A subtransaction aborted: the writers it (or one inside it) had begun are free again. */
 void
 sh_rowwriter_subabort(SubTransactionId aborted)
@@ -346,7 +378,7 @@ sh_rowwrite(Oid relid, ItemPointer tid, ShRowModify modify, void *arg)
 bool
 sh_row_text_is(TupleDesc desc, Datum *values, bool *isnull, const char *name, text *t)
 {
-	int			att = SPI_fnumber(desc, name);
+	int			att = sh_fnumber(desc, name);
 	text	   *v;
 
 	if (att <= 0)
@@ -361,7 +393,7 @@ sh_row_text_is(TupleDesc desc, Datum *values, bool *isnull, const char *name, te
 bool
 sh_row_set(TupleDesc desc, Datum *values, bool *isnull, const char *name, Datum value, bool null)
 {
-	int			att = SPI_fnumber(desc, name);
+	int			att = sh_fnumber(desc, name);
 
 	if (att <= 0)
 		return false;

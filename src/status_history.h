@@ -51,6 +51,7 @@ extern bool sh_history_find_stamp(Relation history, TimestampTz stamp, TupleTabl
 extern uint32 sh_text_key_hash(const void *key, Size keysize);
 extern int	sh_text_key_match(const void *key1, const void *key2, Size keysize);
 extern void sh_check_id_list(Datum ids);
+extern int	sh_fnumber(TupleDesc desc, const char *column);
 extern AttrNumber sh_attnum(TupleDesc desc, const char *table, const char *column);
 extern ErrorData *sh_subxact_abort(MemoryContext cxt, ResourceOwner owner);
 extern HTAB *sh_text_hash_create(const char *name, Size entrysize, MemoryContext cxt);
@@ -196,6 +197,7 @@ extern bool sh_rowwriter_insert_new(ShRowWriter *w, Oid arbiter, ShRowModify fil
 extern void sh_rowwriter_end(ShRowWriter *w);
 extern void sh_rowwrite_init(void);
 extern void sh_rowwriter_forget(void);
+extern bool sh_kept_relation(Oid relid, Oid indexid, Relation *rel, Relation *index);
 extern void sh_rowwriter_subabort(SubTransactionId aborted);
 extern void sh_rowwriter_invalidate(Oid relid);
 extern bool sh_rowwrite(Oid relid, ItemPointer tid, ShRowModify modify, void *arg);

@@ -242,6 +242,33 @@ sh_history_find_stamp(Relation history, TimestampTz stamp, TupleTableSlot *slot)
 }
 
 /*
+ * SPI_fnumber(), remembered: the write-back names a dozen columns per row,
+ * and a name lookup compares with every column.  The names are string
+ * constants, so their addresses key a small cache; a hit is checked against
+ * the column's name (a changed table finds it again).
+ */
+int
+sh_fnumber(TupleDesc desc, const char *column)
+{
+	static struct
+	{
+		const char *column;
+		int			attnum;
+	}			cache[64];
+	int			slot = (int) (((uintptr_t) column >> 3) % lengthof(cache));
+	int			attnum = cache[slot].attnum;
+
+	if (cache[slot].column == column && attnum > 0 && attnum <= desc->natts &&
+		!TupleDescAttr(desc, attnum - 1)->attisdropped &&
+		strcmp(NameStr(TupleDescAttr(desc, attnum - 1)->attname), column) == 0)
+		return attnum;
+	attnum = SPI_fnumber(desc, column);
+	cache[slot].column = column;
+	cache[slot].attnum = attnum;
+	return attnum;
+}
+
+/*
  * The number of column of status_history.<table>, found by name (dropped
  * columns never match); an error when it is gone (a column dropped by hand,
  * or a library newer than the extension's tables).
@@ -249,7 +276,7 @@ sh_history_find_stamp(Relation history, TimestampTz stamp, TupleTableSlot *slot)
 AttrNumber
 sh_attnum(TupleDesc desc, const char *table, const char *column)
 {
-	int			attnum = SPI_fnumber(desc, column);
+	int			attnum = sh_fnumber(desc, column);
 
 	if (attnum <= 0)
 		ereport(ERROR,

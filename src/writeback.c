@@ -191,7 +191,7 @@ key_row(TupleDesc desc, Datum *values, bool *isnull, void *arg)
 {
 	KeyWrite   *w = (KeyWrite *) arg;
 	const ShKey *k = w->key;
-	int			seen = SPI_fnumber(desc, "last_seen_at");
+	int			seen = sh_fnumber(desc, "last_seen_at");
 
 	if (seen <= 0 || isnull[seen - 1] ||
 		!sh_row_text_is(desc, values, isnull, "object_id", w->object_id) ||
