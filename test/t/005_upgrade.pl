@@ -69,6 +69,28 @@
 #   (e5) a pg_dump of it restored into a new database (pg_restore) has the
 #        same privileges again (pg_dump writes the GRANTs relative to
 #        pg_init_privs; the restored status_history.roles re-applies them).
+# And (f), what a history owner attached: when that version's recipe made a
+# role the history's owner (0.2.0, 0.3.0), a third database where that role,
+# as itself, then attaches code of its own (a BEFORE INSERT trigger, a CHECK
+# NOT VALID, a policy and row-level security, a column default, a rule, each
+# calling its function), disables history_refuse_change, grants TRIGGER,
+# TRUNCATE and REFERENCES to another role, adds statistics, a foreign key to
+# the history and a table inheriting from it; the superuser adds an index on
+# an expression calling its function (the role may not: CREATE INDEX needs
+# CREATE on the schema).  A superuser's insert shows they run as that
+# superuser.  After it the upgrade refuses (42501), its DETAIL naming each of
+# them and nothing else, runs none of them, and changes nothing (the version,
+# the history's owner, the catalog); removed one at a time, it refuses while
+# any remains, naming what remains, and succeeds once all are gone; then
+# grant_roles() with the four roles gives the privileges and the catalog of a
+# fresh install.
+# And (g), for every released version, a fourth database where a role that is
+# not a superuser created the schema status_history before CREATE EXTENSION
+# (which then installs into it) and put a function of its own there: the
+# upgrade refuses (42501) while the schema is that role's ("not the
+# extension's alone", its owner is not a superuser), while CREATE on it is
+# granted to that role, and while it holds that function ("holds objects
+# that are not the extension's"); without them it succeeds.
 # The four roles are cluster-wide: each server creates them once and drops
 # them at the end (DROP OWNED BY in every database, then DROP ROLE).
 # Run alone: test/tap.sh test/t/005_upgrade.pl
@@ -833,6 +855,11 @@ for my $v (@old)
 		  if $rdb_ok;
 		%roles_before = map { $_ => effective_privileges($node, $rdb, $_) } @role_names if $rdb_ok;
 	}
+	# (f) A third database: ${v}'s recipe, then the history's owner (when the
+	# recipe made a role its owner) attaches code and grants rights.  (g) A
+	# fourth: a role that is not a superuser created the schema first.
+	my $hostile = $rdb_ok ? hostile_setup($node, $v, $recipe) : undef;
+	my $schema_db = schema_setup($node, $v);
 
 	my %old_cols = (
 		history  => columns($node, $db, 'history'),
@@ -923,6 +950,8 @@ for my $v (@old)
 
 	# (e) with ${v}'s recipe.
 	recipe_upgrade($node, $v, $rdb, $recipe, \%roles_before) if $rdb_ok;
+	hostile_upgrade($node, $v, $hostile) if $hostile;
+	schema_upgrade($node, $v, $schema_db) if $schema_db;
 
 	drop_roles($node, $v);
 	$node->stop;
@@ -1105,6 +1134,308 @@ sub recipe_upgrade
 		"$v (e5): the restored database has the same privileges on every object of the schema",
 		"fresh install of $current, grant_roles()", "upgraded from $v, grant_roles(), dumped and restored");
 	is(q2($node, $restored, $roles_row), $fresh_roles{f}{roles}, "$v (e5): and the same status_history.roles");
+}
+
+# ALTER EXTENSION status_history UPDATE as the superuser, with the error's
+# SQLSTATE (VERBOSITY verbose): { ok, state, message, detail, stderr }.
+sub try_upgrade
+{
+	my ($node, $db) = @_;
+	my ($rc, $out, $err) = $node->psql($db, "\\set VERBOSITY verbose\nALTER EXTENSION status_history UPDATE",
+		on_error_stop => 1);
+	my ($state, $message) = $err =~ /\bERROR:  (\w{5}): (.*)$/m;
+	my ($detail) = $err =~ /^DETAIL:  (.*)$/m;
+	return { ok => $rc == 0, state => $state // '', message => $message // '', detail => $detail // '',
+		stderr => $err };
+}
+
+sub extversion
+{
+	my ($node, $db) = @_;
+	return q2($node, $db, q{SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'status_history'});
+}
+
+# (f) A database with ${v}'s recipe, when it made a role the history's owner:
+# that role, as itself, uses the ownership to attach what would run, or let
+# others run, code as the extension's owner once the upgrade gives the table
+# back -- a trigger, a CHECK (NOT VALID), a policy and row-level security, a
+# column default, a rule, each calling a function of its own; the append-only
+# statement trigger disabled; TRIGGER, TRUNCATE and REFERENCES granted to
+# another role; extended statistics, a foreign key to the history (from a
+# table of its own) and a table inheriting from it.  An index it cannot create (CREATE INDEX needs
+# CREATE on the schema, which no recipe granted): the superuser adds one on an
+# expression calling the role's function (as someone who had CREATE there
+# might have), so that the upgrade's check of indexes is tried too.  Returns
+# { db, owner, items => [[what the upgrade's DETAIL names (names as the
+# upgrade's search_path shows them), how the superuser removes it], ...] }, or
+# undef when the recipe left the history to the extension's owner.  (The
+# database is dropped when its checks end.)
+sub hostile_setup
+{
+	my ($node, $v, $recipe) = @_;
+	my $vname = $v =~ s/\W/_/gr;
+	my $hdb = "hostile_from_$vname";
+	q1($node, 'postgres', "CREATE DATABASE $hdb");
+	my $gone = sub { q1($node, 'postgres', "DROP DATABASE $hdb"); return undef; };
+	return $gone->()
+	  unless is(q2($node, $hdb, "CREATE EXTENSION status_history VERSION '$v';\n$recipe"), '',
+		"$v (f): installs, and ${v}'s recipe applies (a database for the history owner's attachments)");
+	unlike(q2($node, $hdb, $workload), qr/^failed: /, "$v (f): the workload runs");
+	my $owner = q2($node, $hdb, q{
+		SELECT c.relowner::pg_catalog.regrole FROM pg_catalog.pg_class AS c, pg_catalog.pg_extension AS e
+		 WHERE c.oid = 'status_history.history'::pg_catalog.regclass AND e.extname = 'status_history'
+		   AND c.relowner <> e.extowner});
+	my $recorded = (split /\|/, recipe_expects($recipe))[3];
+	is($owner, $recorded, "$v (f): the history's owner after ${v}'s recipe is the role the recipe names ("
+		  . ($recorded eq '' ? 'none' : $recorded) . ')');
+	if ($owner eq '' || $owner =~ /^failed: /)
+	{
+		note("$v (f): ${v}'s recipe leaves the history to the extension's owner: nothing to attach as another");
+		return $gone->();
+	}
+	my $other = 'sh_reader';
+	# (The role gets CREATE on the database for a schema of its own, as an
+	# application role usually has one.)
+	my $attach = qq{
+		GRANT CREATE ON DATABASE $hdb TO $owner;
+		SET ROLE $owner;
+		CREATE SCHEMA hostile;
+		CREATE FUNCTION hostile.escalate(what text) RETURNS boolean LANGUAGE plpgsql AS \$\$
+		BEGIN
+		  IF (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
+		    RAISE WARNING 'hostile code ran as superuser %: %', current_user, what;
+		  END IF;
+		  RETURN true;
+		END \$\$;
+		CREATE FUNCTION hostile.before_insert() RETURNS trigger LANGUAGE plpgsql
+		  AS \$\$ BEGIN PERFORM hostile.escalate('trigger'); RETURN NEW; END \$\$;
+		CREATE FUNCTION hostile.check_row(text) RETURNS boolean LANGUAGE sql
+		  AS \$\$ SELECT hostile.escalate('check') \$\$;
+		CREATE FUNCTION hostile.policy_ok() RETURNS boolean LANGUAGE sql
+		  AS \$\$ SELECT hostile.escalate('policy') \$\$;
+		CREATE FUNCTION hostile.index_key(text) RETURNS text LANGUAGE plpgsql IMMUTABLE
+		  AS \$\$ BEGIN PERFORM hostile.escalate('index'); RETURN \$1; END \$\$;
+		CREATE FUNCTION hostile.default_generation() RETURNS bigint LANGUAGE plpgsql
+		  AS \$\$ BEGIN PERFORM hostile.escalate('default'); RETURN 0; END \$\$;
+		CREATE TRIGGER hostile_before_insert BEFORE INSERT ON status_history.history
+		  FOR EACH ROW EXECUTE FUNCTION hostile.before_insert();
+		ALTER TABLE status_history.history ADD CONSTRAINT hostile_check CHECK (hostile.check_row(object_id)) NOT VALID;
+		CREATE POLICY hostile_policy ON status_history.history USING (hostile.policy_ok());
+		ALTER TABLE status_history.history ENABLE ROW LEVEL SECURITY;
+		ALTER TABLE status_history.history DISABLE TRIGGER history_refuse_change;
+		GRANT TRIGGER, TRUNCATE, REFERENCES ON status_history.history TO $other;
+		ALTER TABLE status_history.history ALTER COLUMN generation SET DEFAULT hostile.default_generation();
+		CREATE RULE hostile_rule AS ON INSERT TO status_history.history DO ALSO SELECT hostile.escalate('rule');
+		CREATE STATISTICS hostile.hostile_stats ON object_id, status FROM status_history.history;
+		CREATE TABLE hostile.refs (at timestamptz CONSTRAINT hostile_fkey REFERENCES status_history.history (occurred_at));
+		CREATE TABLE hostile.child () INHERITS (status_history.history);
+		RESET ROLE;
+		SELECT 'attached'};
+	return $gone->()
+	  unless is(q2($node, $hdb, $attach), 'attached',
+		"$v (f): the history's owner ($owner, as itself) attaches a trigger, a CHECK, a policy with row-level "
+		  . "security, a column default and a rule calling its functions, disables history_refuse_change, "
+		  . "grants TRIGGER, TRUNCATE and REFERENCES to $other, adds statistics, a foreign key to the "
+		  . 'history and a table inheriting from it');
+	like(q2($node, $hdb, "SET ROLE $owner;\n"
+			  . 'CREATE INDEX hostile_index ON status_history.history (hostile.index_key(object_id))'),
+		qr/^failed: .*ERROR:  permission denied for schema status_history/,
+		"$v (f): an index it cannot create (no CREATE on the schema)");
+	return $gone->()
+	  unless is(q2($node, $hdb, 'CREATE INDEX hostile_index ON status_history.history (hostile.index_key(object_id))'),
+		'', "$v (f): the superuser creates one on an expression calling the owner's function");
+	# Live: a superuser's insert (as the SECURITY DEFINER functions of 0.4.0
+	# would insert, once the history is the extension's owner's) runs the
+	# owner's code as that superuser.  (Rolled back.)
+	my ($rc, $out, $err) = $node->psql($hdb, q{BEGIN;
+		INSERT INTO status_history.history (object_id, status) VALUES ('probe', 'running');
+		ROLLBACK;}, on_error_stop => 1);
+	my %ran = map { $_ => 1 } $err =~ /hostile code ran as superuser \w+: (\w+)/g;
+	is(join(', ', sort keys %ran), 'check, default, index, rule, trigger',
+		"$v (f): they are live: a superuser's insert into the history runs the owner's trigger, CHECK, index "
+		  . 'expression, default and rule as that superuser')
+	  or diag("the insert printed:\n$err");
+	# In the order the superuser removes them.
+	my @items = (
+		[ 'trigger hostile_before_insert on history', 'DROP TRIGGER hostile_before_insert ON status_history.history' ],
+		[ 'constraint hostile_check on history', 'ALTER TABLE status_history.history DROP CONSTRAINT hostile_check' ],
+		[ 'policy hostile_policy on history', 'DROP POLICY hostile_policy ON status_history.history' ],
+		[ 'row level security on history', 'ALTER TABLE status_history.history DISABLE ROW LEVEL SECURITY' ],
+		[ 'index hostile_index', 'DROP INDEX status_history.hostile_index' ],
+		[ 'default of history.generation', 'ALTER TABLE status_history.history ALTER COLUMN generation SET DEFAULT 0' ],
+		[ 'rule hostile_rule on history', 'DROP RULE hostile_rule ON status_history.history' ],
+		[ 'statistics hostile_stats', 'DROP STATISTICS hostile.hostile_stats' ],
+		[ 'constraint hostile_fkey on hostile.refs', 'ALTER TABLE hostile.refs DROP CONSTRAINT hostile_fkey' ],
+		[ 'inheritance between hostile.child and history', 'ALTER TABLE hostile.child NO INHERIT status_history.history' ],
+		[ "TRIGGER on history to $other", "REVOKE TRIGGER ON status_history.history FROM $other" ],
+		[ "TRUNCATE on history to $other", "REVOKE TRUNCATE ON status_history.history FROM $other" ],
+		[ "REFERENCES on history to $other", "REVOKE REFERENCES ON status_history.history FROM $other" ],
+		[ 'disabled trigger history_refuse_change on history',
+			'ALTER TABLE status_history.history ENABLE ALWAYS TRIGGER history_refuse_change' ]);
+	return { db => $hdb, owner => $owner, items => \@items };
+}
+
+# What try_upgrade() shows of a refusal, for a failed check.
+sub refusal_diag
+{
+	my ($r) = @_;
+	return $r->{ok} ? 'the upgrade succeeded' : "the upgrade printed:\n$r->{stderr}";
+}
+
+# (f) On the current build: the upgrade refuses, naming each attachment, and
+# changes nothing; removed one by one, it refuses while any remains and
+# succeeds once all are gone; then grant_roles() gives what a fresh install's
+# does.
+sub hostile_upgrade
+{
+	my ($node, $v, $h) = @_;
+	hostile_checks($node, $v, $h);
+	q1($node, 'postgres', "DROP DATABASE $h->{db}");
+}
+
+sub hostile_checks
+{
+	my ($node, $v, $h) = @_;
+	my ($hdb, $owner, @items) = ($h->{db}, $h->{owner}, @{ $h->{items} });
+	my $refused = q{the extension's tables carry what a fresh install does not have};
+	# What the owner's code says when it runs as a superuser (a WARNING:
+	# ALTER EXTENSION shows warnings, and they outlive a rolled-back upgrade).
+	my $ran_as_superuser = qr/hostile code ran as superuser/;
+	my $catalog_before = schema_dump($node, $hdb);
+	my $r = try_upgrade($node, $hdb);
+	ok(!$r->{ok} && $r->{state} eq '42501' && $r->{message} eq $refused,
+		"$v (f): ALTER EXTENSION status_history UPDATE refuses with 42501, \"$refused\"")
+	  or diag(refusal_diag($r));
+	my @found = $r->{detail} =~ /^Found: (.*)\.$/ ? split(/, /, $1) : ();
+	is(join("\n", sort @found), join("\n", sort map { $_->[0] } @items),
+		"$v (f): its DETAIL names each of them (and nothing else): " . join(', ', map { $_->[0] } @items))
+	  or diag(refusal_diag($r));
+	unlike($r->{stderr}, $ran_as_superuser, "$v (f): none of the owner's code ran as a superuser during the upgrade");
+	is(extversion($node, $hdb), $v, "$v (f): the extension is still at $v");
+	is(q2($node, $hdb, q{SELECT relowner::pg_catalog.regrole FROM pg_catalog.pg_class
+		 WHERE oid = 'status_history.history'::pg_catalog.regclass}), $owner,
+		"$v (f): the history still belongs to $owner");
+	same_text(schema_dump($node, $hdb), $catalog_before, "$v (f): the catalog is as before the refused upgrade",
+		'before the upgrade', 'after the refused upgrade');
+
+	# Removed one at a time by the superuser.
+	for my $i (0 .. $#items)
+	{
+		my $removed = $items[$i][0];
+		is(q2($node, $hdb, $items[$i][1]), '', "$v (f): the superuser removes the $removed ($items[$i][1])");
+		my @left = map { $_->[0] } @items[ $i + 1 .. $#items ];
+		$r = try_upgrade($node, $hdb);
+		if (@left)
+		{
+			@found = $r->{detail} =~ /^Found: (.*)\.$/ ? split(/, /, $1) : ();
+			ok(!$r->{ok} && $r->{state} eq '42501' && $r->{message} eq $refused
+				  && join("\n", sort @found) eq join("\n", sort @left),
+				"$v (f): without the $removed the upgrade still refuses (42501), naming what remains: "
+				  . join(', ', @left))
+			  or diag(refusal_diag($r));
+			is(extversion($node, $hdb), $v, "$v (f): the extension is still at $v") unless @left > 1;
+		}
+		else
+		{
+			ok($r->{ok}, "$v (f): with all of them removed the upgrade succeeds") or diag(refusal_diag($r));
+			unlike($r->{stderr}, $ran_as_superuser, "$v (f): and none of the owner's code ran as a superuser");
+			like($r->{stderr}, qr/\bWARNING:  (?:\w{5}: )?run status_history\.grant_roles\(\) now, with all four roles and admin => '\Q$owner\E'$/m,
+				"$v (f): and warns to run grant_roles() with admin => '$owner'");
+		}
+	}
+	return unless is(extversion($node, $hdb), $current, "$v (f): the extension is at $current");
+	is(not_owned_by_extension_owner($node, $hdb), '',
+		"$v (f): every relation and function of the schema, and the schema, belong to the extension's owner");
+
+	# Its functions dropped (nothing of the extension's refers to them now),
+	# then the four roles adopted: as in a fresh install.
+	is(q2($node, $hdb, "DROP SCHEMA hostile CASCADE; REVOKE CREATE ON DATABASE $hdb FROM $owner"), '',
+		"$v (f): the owner's schema of functions dropped (no dependent objects left)");
+	is(q2($node, $hdb, grant_roles_sql('false')), '', "$v (f): grant_roles() with the four roles, public_reads => false");
+	same_text(granted_privileges($node, $hdb), $fresh_roles{f}{granted},
+		"$v (f): then the privileges on every object of the schema equal a fresh install's after the same grant_roles()",
+		"fresh install of $current, grant_roles()", "upgraded from $v after the owner's attachments, grant_roles()");
+	same_text(effective_privileges($node, $hdb, 'public'), $fresh_roles{f}{public},
+		"$v (f): and PUBLIC may do what it may there", "PUBLIC, fresh install, grant_roles()",
+		"PUBLIC, upgraded from $v after the owner's attachments, grant_roles()");
+	for my $role (@role_names)
+	{
+		same_text(effective_privileges($node, $hdb, $role), $fresh_roles{f}{role}{$role},
+			"$v (f): and $role may do what it may there", "$role, fresh install, grant_roles()",
+			"$role, upgraded from $v after the owner's attachments, grant_roles()");
+	}
+	is(q2($node, $hdb, $roles_row), $fresh_roles{f}{roles}, "$v (f): and status_history.roles is the same");
+	same_text(schema_dump($node, $hdb), $fresh_roles{f}{dump},
+		"$v (f): and the catalog equals a fresh install's after the same grant_roles()",
+		"fresh install of $current, grant_roles()", "upgraded from $v after the owner's attachments, grant_roles()");
+}
+
+# (g) A database where a role that is not a superuser (sh_admin, as itself,
+# with CREATE on the database) created the schema status_history before ${v}'s
+# CREATE EXTENSION, which installs into it (the control file's schema exists),
+# and then put a function of its own in it.  Returns the database, or undef.
+# (It is dropped when its checks end.)
+sub schema_setup
+{
+	my ($node, $v) = @_;
+	my $vname = $v =~ s/\W/_/gr;
+	my $sdb = "schema_from_$vname";
+	q1($node, 'postgres', "CREATE DATABASE $sdb");
+	return $sdb
+	  if is(q2($node, $sdb, qq{
+		GRANT CREATE ON DATABASE $sdb TO sh_admin;
+		SET ROLE sh_admin;
+		CREATE SCHEMA status_history;
+		RESET ROLE;
+		CREATE EXTENSION status_history VERSION '$v';
+		SET ROLE sh_admin;
+		CREATE FUNCTION status_history.reconnect(generation integer) RETURNS SETOF status_history.history
+		  LANGUAGE sql AS 'SELECT * FROM status_history.history WHERE false';
+		RESET ROLE;
+		SELECT n.nspowner::pg_catalog.regrole FROM pg_catalog.pg_namespace AS n WHERE n.nspname = 'status_history'}),
+		'sh_admin',
+		"$v (g): CREATE EXTENSION installs into a schema status_history that sh_admin created, and sh_admin adds "
+		  . 'a reconnect(integer) of its own there');
+	q1($node, 'postgres', "DROP DATABASE $sdb");
+	return undef;
+}
+
+# (g) On the current build: the upgrade refuses while the schema is not the
+# extension's alone (owned by sh_admin; then given to the superuser but with
+# CREATE granted to sh_admin), then while it holds sh_admin's function, and
+# succeeds without it.
+sub schema_upgrade
+{
+	my ($node, $v, $sdb) = @_;
+	my $alone = q{schema status_history is not the extension's alone};
+	my $holds = q{schema status_history holds objects that are not the extension's};
+	my @steps = (
+		[ 'the schema owned by sh_admin', '', $alone, 'Its owner is not a superuser.' ],
+		[ 'the schema given to the superuser, CREATE on it granted to sh_admin',
+			'ALTER SCHEMA status_history OWNER TO CURRENT_USER; GRANT CREATE ON SCHEMA status_history TO sh_admin',
+			$alone, 'CREATE on it is granted to sh_admin.' ],
+		[ "CREATE revoked, sh_admin's function still there", 'REVOKE CREATE ON SCHEMA status_history FROM sh_admin',
+			$holds, q{Not the extension's: function reconnect(integer).} ],
+		[ "sh_admin's function dropped", 'DROP FUNCTION status_history.reconnect(integer)', undef, undef ]);
+	for my $s (@steps)
+	{
+		my ($what, $sql, $message, $detail) = @$s;
+		is(q2($node, $sdb, $sql), '', "$v (g): $what") if $sql ne '';
+		my $r = try_upgrade($node, $sdb);
+		if (defined $message)
+		{
+			ok(!$r->{ok} && $r->{state} eq '42501' && $r->{message} eq $message && $r->{detail} eq $detail,
+				"$v (g): $what: the upgrade refuses (42501), \"$message\", DETAIL \"$detail\"")
+			  or diag(refusal_diag($r));
+			is(extversion($node, $sdb), $v, "$v (g): the extension is still at $v");
+		}
+		else
+		{
+			ok($r->{ok}, "$v (g): $what: the upgrade succeeds") or diag(refusal_diag($r));
+			is(extversion($node, $sdb), $current, "$v (g): the extension is at $current");
+		}
+	}
+	q1($node, 'postgres', "DROP DATABASE $sdb");
 }
 
 # (d) v's library in a session that stays open while the current build is
