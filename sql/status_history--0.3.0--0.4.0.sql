@@ -74,11 +74,19 @@ BEGIN
          WHERE t.tgrelid OPERATOR(pg_catalog.=) ANY (SELECT oid FROM rels) AND NOT t.tgisinternal
            AND t.tgfoid OPERATOR(pg_catalog.<>) ALL (SELECT objid FROM ours)
         UNION ALL
-        SELECT pg_catalog.format('disabled trigger %I on %s', t.tgname, t.tgrelid::pg_catalog.regclass)
+        SELECT pg_catalog.format('trigger %I on %s not ENABLE ALWAYS', t.tgname, t.tgrelid::pg_catalog.regclass)
           FROM pg_catalog.pg_trigger AS t
          WHERE t.tgrelid OPERATOR(pg_catalog.=) ANY (SELECT oid FROM rels) AND NOT t.tgisinternal
            AND t.tgfoid OPERATOR(pg_catalog.=) ANY (SELECT objid FROM ours)
-           AND t.tgenabled OPERATOR(pg_catalog.=) 'D'
+           AND t.tgenabled OPERATOR(pg_catalog.<>) 'A'
+        UNION ALL
+        SELECT pg_catalog.format('column %I of %s of type %s', a.attname, a.attrelid::pg_catalog.regclass,
+                                 a.atttypid::pg_catalog.regtype)
+          FROM pg_catalog.pg_attribute AS a JOIN pg_catalog.pg_type AS y ON y.oid OPERATOR(pg_catalog.=) a.atttypid
+         WHERE a.attrelid OPERATOR(pg_catalog.=) ANY (SELECT oid FROM rels)
+           AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
+           AND (y.typnamespace OPERATOR(pg_catalog.<>) 'pg_catalog'::pg_catalog.regnamespace
+                OR y.typtype OPERATOR(pg_catalog.=) 'd')
         UNION ALL
         SELECT pg_catalog.format('constraint %I on %s', k.conname, k.conrelid::pg_catalog.regclass)
           FROM pg_catalog.pg_constraint AS k

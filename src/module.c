@@ -14,7 +14,7 @@ PG_MODULE_MAGIC;
 
 void		_PG_init(void);
 
-/* Set up the clock's shared memory hooks when preloaded, the cache's callbacks, the writers' utility hook. */
+/* Set up the clock's shared memory hooks when preloaded, the cache's callbacks, the utility hook. */
 void
 _PG_init(void)
 {
@@ -24,7 +24,7 @@ _PG_init(void)
 	sh_floors_init();
 	sh_fence_init();
 	sh_notify_init();
-	sh_rowwrite_init();
+	sh_utility_init();
 	/* After every setting is defined: a misspelt one is an error, a placeholder set before loading is kept. */
 	MarkGUCPrefixReserved("status_history");
 }

@@ -26,7 +26,6 @@
 #include "nodes/makefuncs.h"
 #include "parser/parsetree.h"
 #include "storage/lmgr.h"
-#include "tcop/utility.h"
 #include "utils/builtins.h"
 #include "utils/rel.h"
 #include "utils/resowner.h"
@@ -58,7 +57,6 @@ struct ShRowWriter
  */
 #define SH_KEPT_WRITERS 2
 static ShRowWriter *kept[SH_KEPT_WRITERS];
-static ProcessUtility_hook_type next_utility = NULL;
 
 static ShRowWriter *
 writer_open(Oid relid, bool keep)
@@ -225,13 +223,11 @@ sh_rowwriter_forget(void)
 
 /*
  * Before a utility command (DROP EXTENSION, ALTER TABLE, TRUNCATE, ... of
- * the state tables): close the kept writers that are not in use, so that no
- * relation is found open by this session.
+ * the state tables, utility.c): close the kept writers that are not in use,
+ * so that no relation is found open by this session.
  */
-static void
-rowwrite_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree,
-				 ProcessUtilityContext context, ParamListInfo params,
-				 QueryEnvironment *queryEnv, DestReceiver *dest, QueryCompletion *qc)
+void
+sh_rowwriter_release(void)
 {
 	for (int i = 0; i < SH_KEPT_WRITERS; i++)
 		if (kept[i] != NULL && !kept[i]->busy)
@@ -239,15 +235,6 @@ rowwrite_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree,
 			writer_close(kept[i]);
 			kept[i] = NULL;
 		}
-	(next_utility ? next_utility : standard_ProcessUtility) (pstmt, queryString, readOnlyTree,
-															 context, params, queryEnv, dest, qc);
-}
-
-void
-sh_rowwrite_init(void)
-{
-	next_utility = ProcessUtility_hook;
-	ProcessUtility_hook = rowwrite_utility;
 }
 
 /* A relation changed (an index added, say): writers of it are opened again. */

@@ -9,7 +9,8 @@
  * lock.c       locking an object's row; reading its row and its keys' rows
  * state.c      the transaction's per-object state: folding stored rows into it (the rule)
  * writeback.c  writing an object's state back to its rows; notifying changes
- * rowwrite.c   writing one row by its TID, without a statement
+ * rowwrite.c   writing one row by its TID (or a new one) without a statement; kept writers
+ * utility.c    utility commands: GRANTs and owner changes refused on the extension's objects
  * restore.c    other SQL on the state tables: the guard, and merging restored rows
  * floors.c     the generation floors as reporters read them; what reconnect() must know
  * fence.c      reconnect(): raising floors and fences, locking a scope, re-stamped copies
@@ -195,11 +196,14 @@ extern bool sh_rowwriter_update(ShRowWriter *w, ItemPointer tid, ShRowModify mod
 extern bool sh_rowwriter_insert_new(ShRowWriter *w, Oid arbiter, ShRowModify fill, void *arg,
 									ItemPointer tid);
 extern void sh_rowwriter_end(ShRowWriter *w);
-extern void sh_rowwrite_init(void);
+extern void sh_rowwriter_release(void);
 extern void sh_rowwriter_forget(void);
 extern bool sh_kept_relation(Oid relid, Oid indexid, Relation *rel, Relation *index);
 extern void sh_rowwriter_subabort(SubTransactionId aborted);
 extern void sh_rowwriter_invalidate(Oid relid);
+
+/* utility.c */
+extern void sh_utility_init(void);
 extern bool sh_rowwrite(Oid relid, ItemPointer tid, ShRowModify modify, void *arg);
 extern bool sh_row_text_is(TupleDesc desc, Datum *values, bool *isnull, const char *name, text *t);
 extern bool sh_row_set(TupleDesc desc, Datum *values, bool *isnull, const char *name,

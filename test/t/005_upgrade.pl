@@ -73,7 +73,8 @@
 # role the history's owner (0.2.0, 0.3.0), a third database where that role,
 # as itself, then attaches code of its own (a BEFORE INSERT trigger, a CHECK
 # NOT VALID, a policy and row-level security, a column default, a rule, each
-# calling its function), disables history_refuse_change, grants TRIGGER,
+# calling its function, and a column of a domain whose CHECK calls it),
+# makes history_refuse_change fire on replicas only, grants TRIGGER,
 # TRUNCATE and REFERENCES to another role, adds statistics, a foreign key to
 # the history and a table inheriting from it; the superuser adds an index on
 # an expression calling its function (the role may not: CREATE INDEX needs
@@ -1222,21 +1223,24 @@ sub hostile_setup
 		ALTER TABLE status_history.history ADD CONSTRAINT hostile_check CHECK (hostile.check_row(object_id)) NOT VALID;
 		CREATE POLICY hostile_policy ON status_history.history USING (hostile.policy_ok());
 		ALTER TABLE status_history.history ENABLE ROW LEVEL SECURITY;
-		ALTER TABLE status_history.history DISABLE TRIGGER history_refuse_change;
+		ALTER TABLE status_history.history ENABLE REPLICA TRIGGER history_refuse_change;
 		GRANT TRIGGER, TRUNCATE, REFERENCES ON status_history.history TO $other;
 		ALTER TABLE status_history.history ALTER COLUMN generation SET DEFAULT hostile.default_generation();
 		CREATE RULE hostile_rule AS ON INSERT TO status_history.history DO ALSO SELECT hostile.escalate('rule');
 		CREATE STATISTICS hostile.hostile_stats ON object_id, status FROM status_history.history;
 		CREATE TABLE hostile.refs (at timestamptz CONSTRAINT hostile_fkey REFERENCES status_history.history (occurred_at));
 		CREATE TABLE hostile.child () INHERITS (status_history.history);
+		CREATE DOMAIN hostile.d AS text CHECK (hostile.escalate('domain'));
+		ALTER TABLE status_history.history ADD COLUMN note hostile.d;
 		RESET ROLE;
 		SELECT 'attached'};
 	return $gone->()
 	  unless is(q2($node, $hdb, $attach), 'attached',
 		"$v (f): the history's owner ($owner, as itself) attaches a trigger, a CHECK, a policy with row-level "
-		  . "security, a column default and a rule calling its functions, disables history_refuse_change, "
+		  . "security, a column default and a rule calling its functions, makes history_refuse_change fire on "
+		  . "replicas only (not ALWAYS), "
 		  . "grants TRIGGER, TRUNCATE and REFERENCES to $other, adds statistics, a foreign key to the "
-		  . 'history and a table inheriting from it');
+		  . 'history, a table inheriting from it, and a column of a domain whose CHECK calls its function');
 	like(q2($node, $hdb, "SET ROLE $owner;\n"
 			  . 'CREATE INDEX hostile_index ON status_history.history (hostile.index_key(object_id))'),
 		qr/^failed: .*ERROR:  permission denied for schema status_history/,
@@ -1251,9 +1255,9 @@ sub hostile_setup
 		INSERT INTO status_history.history (object_id, status) VALUES ('probe', 'running');
 		ROLLBACK;}, on_error_stop => 1);
 	my %ran = map { $_ => 1 } $err =~ /hostile code ran as superuser \w+: (\w+)/g;
-	is(join(', ', sort keys %ran), 'check, default, index, rule, trigger',
-		"$v (f): they are live: a superuser's insert into the history runs the owner's trigger, CHECK, index "
-		  . 'expression, default and rule as that superuser')
+	is(join(', ', sort keys %ran), 'check, default, domain, index, rule, trigger',
+		"$v (f): they are live: a superuser's insert into the history runs the owner's trigger, CHECK, "
+		  . "domain's CHECK, index expression, default and rule as that superuser")
 	  or diag("the insert printed:\n$err");
 	# In the order the superuser removes them.
 	my @items = (
@@ -1270,8 +1274,9 @@ sub hostile_setup
 		[ "TRIGGER on history to $other", "REVOKE TRIGGER ON status_history.history FROM $other" ],
 		[ "TRUNCATE on history to $other", "REVOKE TRUNCATE ON status_history.history FROM $other" ],
 		[ "REFERENCES on history to $other", "REVOKE REFERENCES ON status_history.history FROM $other" ],
-		[ 'disabled trigger history_refuse_change on history',
-			'ALTER TABLE status_history.history ENABLE ALWAYS TRIGGER history_refuse_change' ]);
+		[ 'trigger history_refuse_change on history not ENABLE ALWAYS',
+			'ALTER TABLE status_history.history ENABLE ALWAYS TRIGGER history_refuse_change' ],
+		[ 'column note of history of type hostile.d', 'ALTER TABLE status_history.history DROP COLUMN note' ]);
 	return { db => $hdb, owner => $owner, items => \@items };
 }
 
