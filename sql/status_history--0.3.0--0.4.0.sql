@@ -406,6 +406,12 @@ REVOKE ALL ON TABLE status_history.roles FROM PUBLIC;
 REVOKE ALL ON FUNCTION status_history.apply_privileges() FROM PUBLIC;
 REVOKE ALL ON FUNCTION status_history.grant_roles(regrole, regrole, regrole, regrole, boolean) FROM PUBLIC;
 
+-- @@ publications: replica_state and floors are updated in place and have
+-- no unique index on NOT NULL columns; a publication of all tables needs a
+-- replica identity to publish their updates (else every report failed).
+ALTER TABLE status_history.replica_state REPLICA IDENTITY FULL;
+ALTER TABLE status_history.floors REPLICA IDENTITY FULL;
+
 -- @@ versions: the library serves the SQL objects of its own version only
 -- (every upgrade script ends by replacing versions(), see the install script).
 CREATE OR REPLACE FUNCTION status_history.versions(OUT library text, OUT extension text)

@@ -278,6 +278,7 @@ CREATE TRIGGER objects_restore_merge
     BEFORE INSERT ON status_history.objects
     FOR EACH ROW EXECUTE FUNCTION status_history.restore_merge();
 ALTER TABLE status_history.objects ENABLE ALWAYS TRIGGER objects_restore_merge;
+ALTER TABLE status_history.floors REPLICA IDENTITY FULL;   -- (as replica_state's)
 CREATE TRIGGER floors_restore_merge
     BEFORE INSERT ON status_history.floors
     FOR EACH ROW EXECUTE FUNCTION status_history.restore_merge();
@@ -398,6 +399,10 @@ CREATE TABLE status_history.replica_state (
 -- retire_replica()); its columns never change, so updates stay HOT.
 CREATE INDEX replica_state_replica_idx
     ON status_history.replica_state (replica_id, object_id) WHERE replica_id IS NOT NULL;
+
+-- Updated in place by every report: a publication of all tables needs to
+-- know which row an update changed (no unique index on NOT NULL columns).
+ALTER TABLE status_history.replica_state REPLICA IDENTITY FULL;
 
 COMMENT ON TABLE status_history.replica_state IS
     'One row per key (object_id, replica_id): its newest row, when it last reported (repeats included) and its newest non-stale report. Maintained by the extension only.';

@@ -418,6 +418,47 @@ DROP FUNCTION public.drop_it();
 SELECT count(*) AS sp4_rows FROM status_history.history WHERE object_id = 'sp4';
 SELECT state_mismatches() AS after_undecided_rows;
 
+-- Reports in one statement as separate statements would decide them: the
+-- third repeats r1's running (the current report, r2's, says the same).
+SELECT status FROM status_history.report('rp', 'stalled', replica_id => 'r1', generation => 9);
+INSERT INTO status_history.history (object_id, status, replica_id, generation)
+VALUES ('rp', 'running', 'r1', 9), ('rp', 'running', 'r2', 9), ('rp', 'running', 'r1', 9);
+SELECT status, replica_id FROM status_history.history WHERE object_id = 'rp' ORDER BY occurred_at;
+-- A state read again in the middle of a statement (a subtransaction that
+-- touched the object rolled back) still knows a dropped report was handed
+-- over: the row after it is stale, not refused.
+CREATE FUNCTION public.poke(what text) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+  BEGIN
+    EXECUTE what;
+    RAISE EXCEPTION 'undo';
+  EXCEPTION WHEN raise_exception THEN NULL;
+  END;
+  RETURN 'stalled';
+END $$;
+SELECT status FROM status_history.report('pk', 'running', replica_id => 'r1', generation => 9);
+INSERT INTO status_history.history (object_id, status, replica_id, generation)
+VALUES ('pk', 'dropped', NULL, 9),
+       ('pk', public.poke($q$SELECT status_history.report('pk', 'paused', replica_id => 'zz', generation => 9)$q$), 'r1', 9);
+SELECT status, stale FROM status_history.history WHERE object_id = 'pk' ORDER BY occurred_at;
+DROP FUNCTION public.poke(text);
+-- A foreign key referencing the objects (its triggers fire on the
+-- write-backs), and a publication of all tables (updates of the state
+-- tables are published): reports go on.
+CREATE TABLE public.fk_ref (o text REFERENCES status_history.objects (object_id));
+SELECT status FROM status_history.report('fk', 'running', generation => 9);
+INSERT INTO public.fk_ref VALUES ('fk');
+SELECT status FROM status_history.report('fk', 'stalled', generation => 9);
+DROP TABLE public.fk_ref;
+SET client_min_messages = error;   -- (wal_level may be too low to publish: a warning)
+CREATE PUBLICATION sh_wp_all FOR ALL TABLES;
+RESET client_min_messages;
+SELECT status FROM status_history.report('pb', 'running', replica_id => 'r1', generation => 9);
+SELECT status FROM status_history.report('pb', 'stalled', replica_id => 'r1', generation => 9);
+SELECT count(*) FROM status_history.reconnect(10, object_ids => ARRAY['pb']);
+DROP PUBLICATION sh_wp_all;
+SELECT state_mismatches() AS after_triggers_and_publications;
+
 REVOKE ALL ON status_history.history FROM sh_wp_reporter;
 DROP FUNCTION public.policy_report(text);
 DROP ROLE sh_wp_reporter;

@@ -586,23 +586,23 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 
 	/* Floors first: they may make a first report stale before its row exists. */
 	floor = sh_fence_floor(PointerGetDatum(replica), replica == NULL);
-	/* Lock, then decide from the stored rows of the object (all that can decide it), then stamp. */
+	/* Lock, stamp, then decide from the stored rows of the object (all that can decide it). */
 	obj = sh_state_lock(values[AT(cols->object_id)]);
 	if (imported)
 	{
 		sh_state_catch_up(obj);
 		complete = true;
-	}
-	else
-		complete = sh_state_catch_up_for(obj, status_index, replica);
-	if (imported)
-	{
 		stamp = DatumGetTimestampTz(values[AT(cols->occurred_at)]);
 		sh_clock_observe(stamp);
 		sh_state_note_import(obj, obj->last_at != SH_NO_STAMP && stamp <= obj->last_at);
 	}
 	else
+	{
 		stamp = sh_clock_next();
+		complete = sh_state_catch_up_for(obj, status_index,
+										 decide_stale(obj, values, nulls, cols, false, generation,
+													  floor, status, stamp));
+	}
 
 	stale = decide_stale(obj, values, nulls, cols, imported, generation, floor, status, stamp);
 
@@ -634,7 +634,7 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 	values[AT(cols->stale)] = BoolGetDatum(stale);
 	nulls[AT(cols->stale)] = false;
 	capture_before(trigdata, stamp, NULL);
-	sh_state_handed(obj, stamp, status_index, stale, replica);
+	sh_state_handed(obj, stamp, status_index, stale);
 	return PointerGetDatum(heap_form_tuple(desc, values, nulls));
 }
 

@@ -115,6 +115,26 @@ writer_close(ShRowWriter *w)
 }
 
 /*
+ * Would updating relid fire row triggers (a superuser's, or a foreign key's
+ * that references it)?  Their slots and what they pin belong to the
+ * statement that fires them, not to the transaction: such a relation gets
+ * no kept writer.
+ */
+static bool
+fires_row_triggers(Oid relid)
+{
+	Relation	rel = table_open(relid, RowExclusiveLock);
+	TriggerDesc *t = rel->trigdesc;
+	bool		fires = t != NULL &&
+		(t->trig_update_before_row || t->trig_update_after_row || t->trig_update_instead_row ||
+		 t->trig_update_old_table || t->trig_update_new_table ||
+		 t->trig_insert_after_row || t->trig_insert_new_table);
+
+	table_close(rel, NoLock);
+	return fires;
+}
+
+/*
  * A writer for updates of relid by TID and inserts: the executor state an
  * UPDATE statement would build, for every row written until
  * sh_rowwriter_end().  The kept one when it is free (a write from a
@@ -141,8 +161,8 @@ sh_rowwriter_begin(Oid relid)
 			return writer_open(relid, false);
 		if (w->stale)
 		{
-			writer_close(w);
 			kept[i] = NULL;
+			writer_close(w);
 			free_slot = i;
 			break;
 		}
@@ -151,7 +171,7 @@ sh_rowwriter_begin(Oid relid)
 		w->estate->es_output_cid = GetCurrentCommandId(true);
 		return w;
 	}
-	if (free_slot < 0 || !IsTransactionState())
+	if (free_slot < 0 || !IsTransactionState() || fires_row_triggers(relid))
 		return writer_open(relid, false);
 	kept[free_slot] = writer_open(relid, true);
 	kept[free_slot]->busy = true;
@@ -209,15 +229,21 @@ sh_rowwriter_end(ShRowWriter *w)
 		writer_close(w);
 }
 
-/* The transaction ends: close the kept writers (before its resource owner lets go of them). */
+/*
+ * The transaction ends: close the kept writers before its resource owner
+ * lets go of them -- unless it aborts, when the resource owner releases
+ * what they hold and their memory goes with the transaction's.
+ */
 void
-sh_rowwriter_forget(void)
+sh_rowwriter_forget(bool close)
 {
 	for (int i = 0; i < SH_KEPT_WRITERS; i++)
 	{
-		if (kept[i] != NULL)
-			writer_close(kept[i]);
+		ShRowWriter *w = kept[i];
+
 		kept[i] = NULL;
+		if (w != NULL && close)
+			writer_close(w);
 	}
 }
 
@@ -232,8 +258,10 @@ sh_rowwriter_release(void)
 	for (int i = 0; i < SH_KEPT_WRITERS; i++)
 		if (kept[i] != NULL && !kept[i]->busy)
 		{
-			writer_close(kept[i]);
+			ShRowWriter *w = kept[i];
+
 			kept[i] = NULL;
+			writer_close(w);
 		}
 }
 
@@ -244,6 +272,21 @@ sh_rowwriter_invalidate(Oid relid)
 	for (int i = 0; i < SH_KEPT_WRITERS; i++)
 		if (kept[i] != NULL && (relid == InvalidOid || RelationGetRelid(kept[i]->rel) == relid))
 			kept[i]->stale = true;
+}
+
+/*
+ * A write failed (a serialization failure, a constraint, a publication
+ * without replica identity): let go of the rows in hand now, while the
+ * resource owner that pinned them is current, and open the writer again
+ * when next needed -- its transaction-long resource owner must not find a
+ * pin of a statement's when it closes it.
+ */
+static void
+writer_failed(ShRowWriter *w)
+{
+	ExecClearTuple(w->old);
+	ExecClearTuple(w->slot);
+	w->stale = true;
 }
 
 /*
@@ -258,7 +301,7 @@ sh_rowwriter_update(ShRowWriter *w, ItemPointer tid, ShRowModify modify, void *a
 {
 	TupleDesc	desc = RelationGetDescr(w->rel);
 	MemoryContext old_cxt;
-	bool		done = false;
+	volatile bool done = false;
 
 	if (!ItemPointerIsValid(tid) ||
 		!table_tuple_fetch_row_version(w->rel, tid, SnapshotSelf, w->old))
@@ -266,17 +309,26 @@ sh_rowwriter_update(ShRowWriter *w, ItemPointer tid, ShRowModify modify, void *a
 	/* What this row allocates goes with it. */
 	ResetPerTupleExprContext(w->estate);
 	old_cxt = MemoryContextSwitchTo(GetPerTupleMemoryContext(w->estate));
-	slot_getallattrs(w->old);
-	ExecClearTuple(w->slot);
-	memcpy(w->slot->tts_values, w->old->tts_values, desc->natts * sizeof(Datum));
-	memcpy(w->slot->tts_isnull, w->old->tts_isnull, desc->natts * sizeof(bool));
-	if (modify(desc, w->slot->tts_values, w->slot->tts_isnull, arg))
+	PG_TRY();
 	{
-		ExecStoreVirtualTuple(w->slot);
-		ExecSimpleRelationUpdate(w->rri, w->estate, &w->epq, w->old, w->slot);
-		*tid = w->slot->tts_tid;
-		done = true;
+		slot_getallattrs(w->old);
+		ExecClearTuple(w->slot);
+		memcpy(w->slot->tts_values, w->old->tts_values, desc->natts * sizeof(Datum));
+		memcpy(w->slot->tts_isnull, w->old->tts_isnull, desc->natts * sizeof(bool));
+		if (modify(desc, w->slot->tts_values, w->slot->tts_isnull, arg))
+		{
+			ExecStoreVirtualTuple(w->slot);
+			ExecSimpleRelationUpdate(w->rri, w->estate, &w->epq, w->old, w->slot);
+			*tid = w->slot->tts_tid;
+			done = true;
+		}
 	}
+	PG_CATCH();
+	{
+		writer_failed(w);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
 	MemoryContextSwitchTo(old_cxt);
 	ExecClearTuple(w->old);
 	ExecClearTuple(w->slot);
@@ -296,6 +348,35 @@ new_row(ShRowWriter *w, ShRowModify fill, void *arg)
 	ExecStoreVirtualTuple(w->slot);
 }
 
+/* The speculative insertion of w->slot (sh_rowwriter_insert_new); true when inserted. */
+static bool
+insert_speculative(ShRowWriter *w, List *arbiters, ItemPointer tid)
+{
+	for (;;)
+	{
+		ItemPointerData conflict;
+		uint32		token;
+		bool		clash = false;
+		List	   *recheck;
+
+		/* A row with the key (ours, committed, or in progress: waited for) is there. */
+		if (!ExecCheckIndexConstraints(w->rri, w->slot, w->estate, &conflict, arbiters))
+			return false;
+		token = SpeculativeInsertionLockAcquire(GetCurrentTransactionId());
+		table_tuple_insert_speculative(w->rel, w->slot, w->estate->es_output_cid, 0, NULL, token);
+		recheck = ExecInsertIndexTuples(w->rri, w->slot, w->estate, false, true, &clash, arbiters);
+		table_tuple_complete_speculative(w->rel, w->slot, token, !clash);
+		SpeculativeInsertionLockRelease(GetCurrentTransactionId());
+		list_free(recheck);
+		if (!clash)
+		{
+			*tid = w->slot->tts_tid;
+			return true;
+		}
+		/* Someone inserted the key meanwhile: look again (it is there now). */
+	}
+}
+
 /*
  * Insert the row fill() makes unless a row with its key in the unique index
  * arbiter exists or is being inserted by someone else -- INSERT ... ON
@@ -310,36 +391,22 @@ sh_rowwriter_insert_new(ShRowWriter *w, Oid arbiter, ShRowModify fill, void *arg
 {
 	List	   *arbiters = list_make1_oid(arbiter);
 	MemoryContext old_cxt;
-	bool		inserted = false;
+	volatile bool inserted = false;
 
 	ResetPerTupleExprContext(w->estate);
 	old_cxt = MemoryContextSwitchTo(GetPerTupleMemoryContext(w->estate));
-	new_row(w, fill, arg);
-	ExecConstraints(w->rri, w->slot, w->estate);
-	for (;;)
+	PG_TRY();
 	{
-		ItemPointerData conflict;
-		uint32		token;
-		bool		clash = false;
-		List	   *recheck;
-
-		/* A row with the key (ours, committed, or in progress: waited for) is there. */
-		if (!ExecCheckIndexConstraints(w->rri, w->slot, w->estate, &conflict, arbiters))
-			break;
-		token = SpeculativeInsertionLockAcquire(GetCurrentTransactionId());
-		table_tuple_insert_speculative(w->rel, w->slot, w->estate->es_output_cid, 0, NULL, token);
-		recheck = ExecInsertIndexTuples(w->rri, w->slot, w->estate, false, true, &clash, arbiters);
-		table_tuple_complete_speculative(w->rel, w->slot, token, !clash);
-		SpeculativeInsertionLockRelease(GetCurrentTransactionId());
-		list_free(recheck);
-		if (!clash)
-		{
-			*tid = w->slot->tts_tid;
-			inserted = true;
-			break;
-		}
-		/* Someone inserted the key meanwhile: look again (it is there now). */
+		new_row(w, fill, arg);
+		ExecConstraints(w->rri, w->slot, w->estate);
+		inserted = insert_speculative(w, arbiters, tid);
 	}
+	PG_CATCH();
+	{
+		writer_failed(w);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
 	MemoryContextSwitchTo(old_cxt);
 	ExecClearTuple(w->slot);
 	list_free(arbiters);

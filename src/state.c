@@ -55,7 +55,6 @@
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
-#include "common/hashfn.h"
 #include "utils/builtins.h"
 #include "utils/datum.h"
 #include "utils/fmgroids.h"
@@ -363,6 +362,9 @@ sh_state_lock(Datum object_id)
 	{
 		fresh.handed_at = obj->handed_at;
 		fresh.handed = 2;
+		fresh.handed_dropped = obj->handed_dropped;
+		fresh.handed_status = obj->handed_status;
+		fresh.handed_stale = obj->handed_stale;
 	}
 	/* A fence raised and not written yet, by a subtransaction that lives on. */
 	if (again && obj->fence_unwritten && obj->fence > fresh.fence)
@@ -731,17 +733,9 @@ catch_up(ShObject *obj, TupleTableSlot *event)
 	return found;
 }
 
-/* A key's identity for comparing a handed-over row's with a report's (equal: maybe the same). */
-static uint32
-key_hash(text *replica)
-{
-	return replica == NULL ? 0 :
-		1 + hash_bytes((const unsigned char *) VARDATA_ANY(replica), VARSIZE_ANY_EXHDR(replica));
-}
-
-/* The insert trigger lets a row of obj go to be stored, as decided: its stamp, status (sh_statuses), stale flag and replica. */
+/* The insert trigger lets a row of obj go to be stored, as decided: its stamp, status (sh_statuses) and stale flag. */
 void
-sh_state_handed(ShObject *obj, TimestampTz stamp, int status, bool stale, text *replica)
+sh_state_handed(ShObject *obj, TimestampTz stamp, int status, bool stale)
 {
 	if (obj->handed_at == SH_NO_STAMP || stamp > obj->handed_at)
 		obj->handed_at = stamp;
@@ -749,7 +743,6 @@ sh_state_handed(ShObject *obj, TimestampTz stamp, int status, bool stale, text *
 	obj->handed_dropped |= (status == SH_DROPPED && !stale);
 	obj->handed_status = status;
 	obj->handed_stale = stale;
-	obj->handed_key = key_hash(replica);
 }
 
 void
@@ -759,24 +752,27 @@ sh_state_catch_up(ShObject *obj)
 }
 
 /*
- * Catch obj up before a report of status and replica is decided -- unless
- * no row handed over and not folded yet can change the decision: none was
- * handed over as a dropped report (which makes later reports stale), and
- * the newest was handed over as a report of another status or key (so the
- * report cannot repeat its key's newest row while that row is the object's
- * current report).  Then the rows stay unfolded until their events come (a
- * bulk statement's rows of one object are folded by one scan, not a probe
- * each), and the report is decided from the rows folded so far: as it would
- * be from all of them.  Should a later trigger have changed or skipped such
- * a row, folding refuses a report it made stale (27000), or the report is
- * stored although it repeats it.  False when rows were left unfolded: a
- * repeat must not be decided then (the key's newest row may be one of them).
+ * Catch obj up before a report of status, found stale or not by the rows
+ * folded so far, is decided -- unless no row handed over and not folded yet
+ * can change the decision: none was handed over as a non-stale dropped
+ * report (which makes later reports stale), the newest was handed over not
+ * stale with another status (it would be the object's current report, so
+ * the report repeats no row), and the report is not stale (a stale report
+ * may repeat a stale row of its key).  Then the rows stay unfolded until
+ * their events come (a bulk statement's rows of one object are folded by
+ * one scan, not a probe each), and the report is decided from the rows
+ * folded so far: as it would be from all of them.  Should a later trigger
+ * have changed or skipped such a row, folding refuses a report it made
+ * stale (27000), or the report is stored although it repeats the row as
+ * changed.  False when rows were left unfolded: a repeat must not be
+ * decided then.
  */
 bool
-sh_state_catch_up_for(ShObject *obj, int status, text *replica)
+sh_state_catch_up_for(ShObject *obj, int status, bool stale)
 {
 	if (obj->handed > 0 && obj->handed_at > obj->last_at && !obj->handed_dropped &&
-		!obj->handed_stale && (obj->handed_status != status || obj->handed_key != key_hash(replica)))
+		!obj->handed_stale && obj->handed_status != status && !stale &&
+		imported_entry(obj) == NULL)	/* (an importer's rows are not checked when folded) */
 		return false;
 	(void) catch_up(obj, NULL);
 	return true;
@@ -1011,18 +1007,18 @@ state_xact_callback(XactEvent event, void *arg)
 	{
 		case XACT_EVENT_PRE_COMMIT:
 			sh_state_settle();
-			sh_rowwriter_forget();
+			sh_rowwriter_forget(true);
 			sh_notify_pre_commit();
 			break;
 		case XACT_EVENT_PRE_PREPARE:
 			sh_state_settle();
-			sh_rowwriter_forget();
+			sh_rowwriter_forget(true);
 			sh_notify_reset();	/* a prepared transaction may not NOTIFY */
 			break;
 		case XACT_EVENT_PARALLEL_PRE_COMMIT:
 			break;
 		default:
-			sh_rowwriter_forget();
+			sh_rowwriter_forget(event == XACT_EVENT_COMMIT || event == XACT_EVENT_PREPARE);
 			/* The memory is gone with the transaction. */
 			state_cxt = NULL;
 			objects = NULL;

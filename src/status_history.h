@@ -130,10 +130,9 @@ typedef struct ShObject
 	TimestampTz handed_at;		/* the newest one's stamp */
 	int			handed;			/* how many (2: at least that many, or not known) */
 	bool		handed_dropped; /* one of them was handed over as dropped */
-	/* The newest one as handed over: its status (sh_statuses), stale flag, key (a hash). */
+	/* The newest one as handed over: its status (sh_statuses) and stale flag. */
 	int			handed_status;
 	bool		handed_stale;
-	uint32		handed_key;
 	bool		has_current;	/* has a non-stale report */
 	TimestampTz current_at;		/* its stamp */
 	ItemPointerData current_tid;	/* its history row, if known (a hint) */
@@ -165,8 +164,8 @@ extern void sh_read_keys(ShObject *obj, MemoryContext cxt);
 extern void sh_state_init(void);
 extern ShObject *sh_state_lock(Datum object_id);
 extern void sh_state_catch_up(ShObject *obj);
-extern bool sh_state_catch_up_for(ShObject *obj, int status, text *replica);
-extern void sh_state_handed(ShObject *obj, TimestampTz stamp, int status, bool stale, text *replica);
+extern bool sh_state_catch_up_for(ShObject *obj, int status, bool stale);
+extern void sh_state_handed(ShObject *obj, TimestampTz stamp, int status, bool stale);
 extern ShKey *sh_state_key(ShObject *obj, text *replica);
 extern bool sh_state_stale(const ShObject *obj, int64 generation, int64 floor,
 						   const char *status, TimestampTz stamp);
@@ -197,7 +196,7 @@ extern bool sh_rowwriter_insert_new(ShRowWriter *w, Oid arbiter, ShRowModify fil
 									ItemPointer tid);
 extern void sh_rowwriter_end(ShRowWriter *w);
 extern void sh_rowwriter_release(void);
-extern void sh_rowwriter_forget(void);
+extern void sh_rowwriter_forget(bool close);
 extern bool sh_kept_relation(Oid relid, Oid indexid, Relation *rel, Relation *index);
 extern void sh_rowwriter_subabort(SubTransactionId aborted);
 extern void sh_rowwriter_invalidate(Oid relid);
