@@ -451,8 +451,7 @@ stored_row(Relation rel, TimestampTz stamp, ItemPointer tid, TupleTableSlot *slo
 {
 	bool		isnull;
 
-	if (tid != NULL && ItemPointerIsValid(tid) &&
-		table_tuple_fetch_row_version(rel, tid, SnapshotSelf, slot) &&
+	if (tid != NULL && sh_fetch_hint(rel, tid, slot) &&
 		DatumGetTimestampTz(slot_getattr(slot, sh_history_cols(RelationGetDescr(rel))->occurred_at,
 										 &isnull)) == stamp)
 		return true;

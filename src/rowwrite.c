@@ -303,8 +303,7 @@ sh_rowwriter_update(ShRowWriter *w, ItemPointer tid, ShRowModify modify, void *a
 	MemoryContext old_cxt;
 	volatile bool done = false;
 
-	if (!ItemPointerIsValid(tid) ||
-		!table_tuple_fetch_row_version(w->rel, tid, SnapshotSelf, w->old))
+	if (!sh_fetch_hint(w->rel, tid, w->old))
 		return false;
 	/* What this row allocates goes with it. */
 	ResetPerTupleExprContext(w->estate);

@@ -19,6 +19,7 @@
 #include "utils/rel.h"
 #include "utils/fmgroids.h"
 #include "access/tableam.h"
+#include "storage/bufmgr.h"
 #include "access/relscan.h"
 #include "access/genam.h"
 #include "access/xact.h"
@@ -239,6 +240,20 @@ sh_history_find_stamp(Relation history, TimestampTz stamp, TupleTableSlot *slot)
 	index_endscan(scan);
 	index_close(index, AccessShareLock);
 	return found;
+}
+
+/*
+ * The newest version visible to us (SnapshotSelf) of the row at tid, a
+ * hint: false when there is none -- also when the table was rewritten since
+ * the hint was taken (a superuser's ALTER TABLE) and tid is past its end.
+ * Callers check that the row is the one meant.
+ */
+bool
+sh_fetch_hint(Relation rel, ItemPointer tid, TupleTableSlot *slot)
+{
+	return ItemPointerIsValid(tid) &&
+		ItemPointerGetBlockNumber(tid) < RelationGetNumberOfBlocks(rel) &&
+		table_tuple_fetch_row_version(rel, tid, SnapshotSelf, slot);
 }
 
 /*

@@ -126,8 +126,7 @@ current_report(ShObject *obj, TupleTableSlot *row, Relation history, TupleTableS
 		DatumGetTimestampTz(slot_getattr(row, sh_history_cols(row->tts_tupleDescriptor)->occurred_at,
 										 &isnull)) == obj->current_at)
 		return row;
-	if (ItemPointerIsValid(&obj->current_tid) &&
-		table_tuple_fetch_row_version(history, &obj->current_tid, SnapshotSelf, slot) &&
+	if (sh_fetch_hint(history, &obj->current_tid, slot) &&
 		DatumGetTimestampTz(slot_getattr(slot, sh_history_cols(slot->tts_tupleDescriptor)->occurred_at,
 										 &isnull)) == obj->current_at)
 		return slot;
