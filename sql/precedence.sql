@@ -7,17 +7,38 @@ CREATE EXTENSION status_history;
 -- The rule, straight over the history: each key's newest non-stale row;
 -- a retired replica's key only when that row is paused; then per object the
 -- highest precedence, the newest among equals.  status_since: the first row
--- of the key's current unbroken run of non-stale rows of that status.
+-- of the key's current unbroken run of non-stale rows of that status.  A
+-- key whose lease ran out (replica_state.expires_at: its last sighting plus
+-- the lease, which the history cannot tell) counts as stalled, with the
+-- lapse as its error, and stalled since it ran out.
 CREATE FUNCTION precedence_oracle()
 RETURNS TABLE (object_id text, status text, error text, details jsonb, replica_id text,
                generation bigint, occurred_at timestamptz, status_since timestamptz,
-               reported_at timestamptz, fence bigint, stale boolean)
+               reported_at timestamptz, fence bigint, stale boolean, expires_at timestamptz,
+               lease interval)
 LANGUAGE sql AS $$
-    WITH per_key AS (
+    WITH newest_per_key AS (
         SELECT DISTINCT ON (h.object_id, h.replica_id) h.*
           FROM status_history.history AS h
          WHERE NOT h.stale
          ORDER BY h.object_id, h.replica_id, h.occurred_at DESC
+    ), per_key AS (
+        SELECT n.occurred_at, n.object_id,
+               CASE WHEN k.expires_at <= now() THEN 'stalled' ELSE n.status END AS status,
+               CASE WHEN k.expires_at <= now()
+                    THEN 'lease expired: no report' || COALESCE(' from replica ' || n.replica_id, '')
+                         || ' since ' || to_char((k.expires_at - n.lease) AT TIME ZONE 'UTC',
+                                                 'YYYY-MM-DD HH24:MI:SS.US') || '+00'
+                    ELSE n.error END AS error,
+               CASE WHEN k.expires_at <= now() THEN NULL ELSE n.details END AS details,
+               n.replica_id, n.generation,
+               CASE WHEN k.expires_at <= now() THEN k.expires_at ELSE n.reported_at END AS reported_at,
+               n.stale,
+               CASE WHEN k.expires_at <= now() THEN NULL ELSE n.lease END AS lease,
+               k.expires_at, k.expires_at <= now() AND n.status <> 'stalled' AS lapsed_since
+          FROM newest_per_key AS n
+          JOIN status_history.replica_state AS k
+            ON k.object_id = n.object_id AND k.replica_id IS NOT DISTINCT FROM n.replica_id
     ), counted AS (
         SELECT * FROM per_key AS k
          WHERE k.status = 'paused'
@@ -36,10 +57,11 @@ LANGUAGE sql AS $$
           FROM status_history.history AS h WHERE NOT h.stale
     )
     SELECT c.object_id, c.status, c.error, c.details, c.replica_id, c.generation, c.occurred_at,
-           (SELECT max(r.occurred_at) FROM runs AS r
-             WHERE r.object_id = c.object_id AND r.replica_id IS NOT DISTINCT FROM c.replica_id
-               AND r.prev IS DISTINCT FROM r.status),
-           c.reported_at, o.fence, c.stale
+           CASE WHEN c.lapsed_since THEN c.expires_at
+                ELSE (SELECT max(r.occurred_at) FROM runs AS r
+                       WHERE r.object_id = c.object_id AND r.replica_id IS NOT DISTINCT FROM c.replica_id
+                         AND r.prev IS DISTINCT FROM r.status) END,
+           c.reported_at, o.fence, c.stale, c.expires_at, c.lease
       FROM chosen AS c JOIN status_history.objects AS o USING (object_id)
 $$;
 
@@ -54,14 +76,15 @@ LANGUAGE sql AS $$
         SELECT * FROM status_history.statuses_by_precedence
     ), ov AS (
         SELECT object_id, status, error, details, replica_id, generation, occurred_at, status_since,
-               reported_at, fence
+               reported_at, fence, expires_at
           FROM precedence_oracle() WHERE status <> 'dropped'
     ), f AS (
         SELECT * FROM status_history.latest_by_precedence()
     ), fd AS (
         SELECT * FROM status_history.latest_by_precedence(include_dropped => true)
     ), oh AS (
-        SELECT occurred_at, object_id, status, error, details, replica_id, generation, reported_at, stale
+        SELECT occurred_at, object_id, status, error, details, replica_id, generation, reported_at, stale,
+               lease
           FROM precedence_oracle()
     ), l AS (
         SELECT * FROM status_history.latest_by_precedence(

@@ -198,9 +198,9 @@ COMMENT ON TABLE status_history.roles IS
     'The roles status_history.grant_roles() grants to (one row); admin may also import (supply occurred_at). Maintained by grant_roles().';
 COMMENT ON COLUMN status_history.roles.singleton IS 'Always true: the table has one row.';
 COMMENT ON COLUMN status_history.roles.reporter IS 'May report: INSERT on the history.';
-COMMENT ON COLUMN status_history.roles.controller IS 'May report, reconnect() and retire_replica().';
+COMMENT ON COLUMN status_history.roles.controller IS 'May report, reconnect(), retire_replica() and expire().';
 COMMENT ON COLUMN status_history.roles.reader IS 'May read the history, the state, the views and the history questions.';
-COMMENT ON COLUMN status_history.roles.admin IS 'May read, import (supply occurred_at) and prune().';
+COMMENT ON COLUMN status_history.roles.admin IS 'May read, import (supply occurred_at), prune() and expire().';
 COMMENT ON COLUMN status_history.roles.public_reads IS 'PUBLIC may read as a reader does (the default of a fresh install).';
 
 CREATE TRIGGER roles_restore_merge
@@ -226,11 +226,12 @@ DECLARE
         ' status_history.intervals(text, timestamptz, timestamptz),'
         ' status_history.time_in_status(timestamptz, timestamptz, text[])';
     everyone_functions CONSTANT text := 'status_history.monotonic_now(), status_history.versions(),'
-        ' status_history.report(text, text, text, jsonb, text, bigint, timestamptz),'
-        ' status_history.report_many(text[], text[], text[], jsonb[], text[], bigint[], timestamptz[])';
+        ' status_history.report(text, text, text, jsonb, text, bigint, timestamptz, interval),'
+        ' status_history.report_many(text[], text[], text[], jsonb[], text[], bigint[], timestamptz[], interval[]),'
+        ' status_history.lapse_error(text, timestamptz)';
     controller_functions CONSTANT text := 'status_history.reconnect(bigint, text, text[]),'
-        ' status_history.retire_replica(text, bigint)';
-    admin_functions CONSTANT text := 'status_history.prune(integer, interval)';
+        ' status_history.retire_replica(text, bigint), status_history.expire()';
+    admin_functions CONSTANT text := 'status_history.prune(integer, interval), status_history.expire()';
 BEGIN
     SELECT * INTO r FROM status_history.roles;
     -- Nothing for anyone first: what an earlier version, a recipe, an owner
@@ -405,6 +406,281 @@ $$;
 REVOKE ALL ON TABLE status_history.roles FROM PUBLIC;
 REVOKE ALL ON FUNCTION status_history.apply_privileges() FROM PUBLIC;
 REVOKE ALL ON FUNCTION status_history.grant_roles(regrole, regrole, regrole, regrole, boolean) FROM PUBLIC;
+
+-- @@ leases: a report may hold for a lease only (readers show the lapse,
+-- expire() records it).  New columns at the end, as a fresh install has
+-- them; report() and report_many() take a lease; the readers show lapses.
+ALTER TABLE status_history.history ADD COLUMN lease interval;
+COMMENT ON COLUMN status_history.history.lease IS
+    'How long the status holds unless its key reports again (a repeat renews it); past it, readers show the key stalled and expire() records that. Positive, in days, hours, minutes and seconds (a day is 24 hours; stored as hours). NULL: no lease.';
+ALTER TABLE status_history.objects ADD COLUMN lease interval, ADD COLUMN expires_at timestamptz;
+COMMENT ON COLUMN status_history.objects.lease IS 'Lease of the current report.';
+COMMENT ON COLUMN status_history.objects.expires_at IS
+    'When the current report''s lease runs out: its key''s last report or repeat of it, plus the lease; NULL without a lease.';
+ALTER TABLE status_history.replica_state ADD COLUMN expires_at timestamptz;
+COMMENT ON COLUMN status_history.replica_state.expires_at IS
+    'When the lease of the key''s newest non-stale report runs out: when the key last reported it or repeated it, plus its lease; NULL without a lease.';
+
+DROP FUNCTION status_history.report(text, text, text, jsonb, text, bigint, timestamptz);
+DROP FUNCTION status_history.report_many(text[], text[], text[], jsonb[], text[], bigint[], timestamptz[]);
+CREATE FUNCTION status_history.report(
+    object_id   text,
+    status      text,
+    error       text        DEFAULT NULL,
+    details     jsonb       DEFAULT NULL,
+    replica_id  text        DEFAULT NULL,
+    generation  bigint      DEFAULT 0,
+    reported_at timestamptz DEFAULT NULL,
+    lease       interval    DEFAULT NULL)
+RETURNS status_history.history
+AS 'MODULE_PATHNAME', 'status_history_report'
+LANGUAGE C VOLATILE
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION status_history.report(text, text, text, jsonb, text, bigint, timestamptz, interval) IS
+    'Appends one report stamped by the database clock and returns the stored row (stale when fenced); with a lease, the status holds that long unless the key reports again.';
+
+CREATE FUNCTION status_history.report_many(
+    object_ids  text[],
+    statuses    text[],
+    errors      text[]        DEFAULT NULL,
+    details     jsonb[]       DEFAULT NULL,
+    replica_ids text[]        DEFAULT NULL,
+    generations bigint[]      DEFAULT NULL,
+    reported_at timestamptz[] DEFAULT NULL,
+    leases      interval[]    DEFAULT NULL)
+RETURNS SETOF status_history.history
+AS 'MODULE_PATHNAME', 'status_history_report_many'
+LANGUAGE C VOLATILE
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION status_history.report_many(text[], text[], text[], jsonb[], text[], bigint[], timestamptz[], interval[]) IS
+    'Appends a batch of reports (element i of each array is report i) after locking their objects in one fixed order, so that batches never deadlock; returns the stored rows.';
+
+-- The error of a lapse, as readers show it and expire() records it: the
+-- same text in every session (UTC, whatever the session's TimeZone).
+CREATE FUNCTION status_history.lapse_error(replica_id text, seen_at timestamptz)
+RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT 'lease expired: no report'
+           OPERATOR(pg_catalog.||) COALESCE(' from replica ' OPERATOR(pg_catalog.||) replica_id, '')
+           OPERATOR(pg_catalog.||) ' since '
+           OPERATOR(pg_catalog.||) pg_catalog.to_char(seen_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US')
+           OPERATOR(pg_catalog.||) '+00'
+$$;
+
+COMMENT ON FUNCTION status_history.lapse_error(text, timestamptz) IS
+    'The error of a lapsed lease, as readers show it and expire() records it: lease expired: no report from replica R since T (T in UTC).';
+
+CREATE OR REPLACE VIEW status_history.statuses AS
+    SELECT o.object_id,
+           CASE WHEN l.lapsed THEN 'stalled' ELSE o.status END AS status,
+           CASE WHEN l.lapsed
+                THEN status_history.lapse_error(o.replica_id, o.expires_at OPERATOR(pg_catalog.-) o.lease)
+                ELSE o.error END AS error,
+           CASE WHEN l.lapsed THEN NULL ELSE o.details END AS details,
+           o.replica_id,
+           o.generation,
+           o.occurred_at,
+           CASE WHEN l.lapsed AND o.status OPERATOR(pg_catalog.<>) 'stalled'
+                THEN o.expires_at ELSE o.status_since END AS status_since,
+           CASE WHEN l.lapsed THEN o.expires_at ELSE o.reported_at END AS reported_at,
+           o.fence,
+           o.expires_at
+      FROM status_history.objects AS o
+     CROSS JOIN LATERAL (SELECT o.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now() AS lapsed) AS l
+     WHERE o.occurred_at IS NOT NULL
+       AND o.status OPERATOR(pg_catalog.<>) 'dropped';
+
+COMMENT ON VIEW status_history.statuses IS
+    'Current status of every object that is not dropped (stalled, with the lapse as error, once the current report''s lease ran out); WHERE object_id = ... is a primary-key lookup.';
+COMMENT ON COLUMN status_history.statuses.object_id IS 'The object.';
+COMMENT ON COLUMN status_history.statuses.status IS 'Current status.';
+COMMENT ON COLUMN status_history.statuses.error IS 'Error of the current report.';
+COMMENT ON COLUMN status_history.statuses.details IS 'Details of the current report.';
+COMMENT ON COLUMN status_history.statuses.replica_id IS 'Replica of the current report.';
+COMMENT ON COLUMN status_history.statuses.generation IS 'Generation of the current report.';
+COMMENT ON COLUMN status_history.statuses.occurred_at IS 'Stamp of the current report.';
+COMMENT ON COLUMN status_history.statuses.status_since IS
+    'When the object entered its current status (first report of the current unbroken run).';
+COMMENT ON COLUMN status_history.statuses.reported_at IS 'Reporter clock of the current report.';
+COMMENT ON COLUMN status_history.statuses.fence IS 'The object''s fence generation.';
+COMMENT ON COLUMN status_history.statuses.expires_at IS
+    'When the current report''s lease runs out (or ran out: the status shows stalled since then); NULL without a lease.';
+
+CREATE OR REPLACE VIEW status_history.replica_statuses AS
+    SELECT k.object_id,
+           k.replica_id,
+           CASE WHEN l.lapsed THEN 'stalled' ELSE h.status END AS status,
+           CASE WHEN l.lapsed
+                THEN status_history.lapse_error(k.replica_id, k.expires_at OPERATOR(pg_catalog.-) h.lease)
+                ELSE h.error END AS error,
+           CASE WHEN l.lapsed THEN NULL ELSE h.details END AS details,
+           h.generation,
+           k.occurred_at,
+           CASE WHEN l.lapsed AND h.status OPERATOR(pg_catalog.<>) 'stalled'
+                THEN k.expires_at ELSE k.status_since END AS status_since,
+           CASE WHEN l.lapsed THEN k.expires_at ELSE h.reported_at END AS reported_at,
+           k.last_at,
+           k.last_seen_at,
+           f.retired_at IS NOT NULL AS retired,
+           k.expires_at
+      FROM status_history.replica_state AS k
+     CROSS JOIN LATERAL (SELECT k.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now() AS lapsed) AS l
+      LEFT JOIN status_history.history AS h
+        ON h.occurred_at OPERATOR(pg_catalog.=) k.occurred_at
+      LEFT JOIN status_history.floors AS f
+        ON f.replica_id OPERATOR(pg_catalog.=) k.replica_id;
+
+COMMENT ON VIEW status_history.replica_statuses IS
+    'One row per key (object_id, replica_id): its newest non-stale report, and when it last reported; WHERE object_id = ... is an index lookup.';
+COMMENT ON COLUMN status_history.replica_statuses.object_id IS 'The object.';
+COMMENT ON COLUMN status_history.replica_statuses.replica_id IS 'The replica (NULL: reports without one).';
+COMMENT ON COLUMN status_history.replica_statuses.status IS
+    'Status of the key''s newest non-stale report (stalled once its lease ran out); NULL when it has only stale ones.';
+COMMENT ON COLUMN status_history.replica_statuses.error IS 'Error of that report.';
+COMMENT ON COLUMN status_history.replica_statuses.details IS 'Details of that report.';
+COMMENT ON COLUMN status_history.replica_statuses.generation IS 'Generation of that report.';
+COMMENT ON COLUMN status_history.replica_statuses.occurred_at IS 'Stamp of that report.';
+COMMENT ON COLUMN status_history.replica_statuses.status_since IS
+    'When the key entered that status (first report of its current unbroken run).';
+COMMENT ON COLUMN status_history.replica_statuses.reported_at IS 'Reporter clock of that report.';
+COMMENT ON COLUMN status_history.replica_statuses.last_at IS
+    'Stamp of the key''s newest row, stale or not.';
+COMMENT ON COLUMN status_history.replica_statuses.last_seen_at IS
+    'When the key last reported anything, repeats included (heartbeats).';
+COMMENT ON COLUMN status_history.replica_statuses.retired IS
+    'The replica was retired by retire_replica(): its reports are stale and its key no longer counts.';
+COMMENT ON COLUMN status_history.replica_statuses.expires_at IS
+    'When the lease of that report runs out (or ran out: the key shows stalled since then); NULL without a lease.';
+
+CREATE OR REPLACE VIEW status_history.statuses_by_precedence AS
+    SELECT o.object_id,
+           k.status,
+           CASE WHEN k.lapsed
+                THEN status_history.lapse_error(h.replica_id, k.expires_at OPERATOR(pg_catalog.-) h.lease)
+                ELSE h.error END AS error,
+           CASE WHEN k.lapsed THEN NULL ELSE h.details END AS details,
+           h.replica_id,
+           h.generation,
+           h.occurred_at,
+           CASE WHEN k.lapsed AND h.status OPERATOR(pg_catalog.<>) 'stalled'
+                THEN k.expires_at ELSE k.status_since END AS status_since,
+           CASE WHEN k.lapsed THEN k.expires_at ELSE h.reported_at END AS reported_at,
+           o.fence,
+           k.expires_at
+      FROM status_history.objects AS o
+     CROSS JOIN LATERAL (
+           SELECT s.occurred_at, s.status_since, s.expires_at, d.status, d.lapsed
+             FROM status_history.replica_state AS s
+            CROSS JOIN LATERAL (
+                  SELECT s.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now() AS lapsed,
+                         CASE WHEN s.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now()
+                              THEN 'stalled' ELSE s.status END AS status) AS d
+            WHERE s.object_id OPERATOR(pg_catalog.=) o.object_id
+              AND s.occurred_at IS NOT NULL
+              AND (d.status OPERATOR(pg_catalog.=) 'paused'
+                   OR NOT EXISTS (SELECT FROM status_history.floors AS f
+                                   WHERE f.replica_id OPERATOR(pg_catalog.=) s.replica_id
+                                     AND f.retired_at IS NOT NULL))
+            ORDER BY pg_catalog.array_position('{ceased,paused,starting,stalled,running,dropped}'::text[],
+                                               d.status) DESC NULLS LAST,
+                     s.occurred_at DESC
+            LIMIT 1) AS k
+      JOIN status_history.history AS h
+        ON h.occurred_at OPERATOR(pg_catalog.=) k.occurred_at
+     WHERE h.status OPERATOR(pg_catalog.<>) 'dropped';
+
+COMMENT ON VIEW status_history.statuses_by_precedence IS
+    'One status per object by precedence (Materialize''s rule, opt-in): of each live key''s newest non-stale report (stalled once its lease ran out; a retired replica''s key only when paused), the highest of dropped > running > stalled > starting > paused > ceased, the newest among equals; dropped objects hidden. WHERE object_id = ... is an index lookup.';
+COMMENT ON COLUMN status_history.statuses_by_precedence.object_id IS 'The object.';
+COMMENT ON COLUMN status_history.statuses_by_precedence.status IS 'Status of the chosen report.';
+COMMENT ON COLUMN status_history.statuses_by_precedence.error IS 'Error of the chosen report.';
+COMMENT ON COLUMN status_history.statuses_by_precedence.details IS 'Details of the chosen report.';
+COMMENT ON COLUMN status_history.statuses_by_precedence.replica_id IS
+    'Replica of the chosen report (NULL: a report without one).';
+COMMENT ON COLUMN status_history.statuses_by_precedence.generation IS 'Generation of the chosen report.';
+COMMENT ON COLUMN status_history.statuses_by_precedence.occurred_at IS 'Stamp of the chosen report.';
+COMMENT ON COLUMN status_history.statuses_by_precedence.status_since IS
+    'When the chosen key entered that status (first report of its current unbroken run).';
+COMMENT ON COLUMN status_history.statuses_by_precedence.reported_at IS 'Reporter clock of the chosen report.';
+COMMENT ON COLUMN status_history.statuses_by_precedence.fence IS 'The object''s fence generation.';
+COMMENT ON COLUMN status_history.statuses_by_precedence.expires_at IS
+    'When the chosen report''s lease runs out (or ran out: it shows stalled since then); NULL without a lease.';
+
+CREATE OR REPLACE FUNCTION status_history.latest_by_precedence(
+    object_ids      text[]  DEFAULT NULL,
+    include_dropped boolean DEFAULT false)
+RETURNS SETOF status_history.history
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    -- Every object, or (a second branch, so that a list is an index lookup
+    -- also under the generic plan a SQL function gets) the listed ones.  The
+    -- key is chosen as in statuses_by_precedence, verbatim (a shared view or
+    -- function would cost a schema object or a call per object); the
+    -- regression test precedence checks both against brute force.
+    WITH scope AS (
+        SELECT o.object_id FROM status_history.objects AS o
+         WHERE object_ids IS NULL
+        UNION ALL
+        SELECT o.object_id FROM status_history.objects AS o
+         WHERE o.object_id OPERATOR(pg_catalog.=) ANY (object_ids)
+    )
+    SELECT h.occurred_at, h.object_id, k.status,
+           CASE WHEN k.lapsed
+                THEN status_history.lapse_error(h.replica_id, k.expires_at OPERATOR(pg_catalog.-) h.lease)
+                ELSE h.error END,
+           CASE WHEN k.lapsed THEN NULL ELSE h.details END,
+           h.replica_id, h.generation,
+           CASE WHEN k.lapsed THEN k.expires_at ELSE h.reported_at END,
+           h.stale,
+           CASE WHEN k.lapsed THEN NULL ELSE h.lease END
+      FROM scope AS o
+     CROSS JOIN LATERAL (
+           SELECT s.occurred_at, s.expires_at, d.status, d.lapsed
+             FROM status_history.replica_state AS s
+            CROSS JOIN LATERAL (
+                  SELECT s.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now() AS lapsed,
+                         CASE WHEN s.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now()
+                              THEN 'stalled' ELSE s.status END AS status) AS d
+            WHERE s.object_id OPERATOR(pg_catalog.=) o.object_id
+              AND s.occurred_at IS NOT NULL
+              AND (d.status OPERATOR(pg_catalog.=) 'paused'
+                   OR NOT EXISTS (SELECT FROM status_history.floors AS f
+                                   WHERE f.replica_id OPERATOR(pg_catalog.=) s.replica_id
+                                     AND f.retired_at IS NOT NULL))
+            ORDER BY pg_catalog.array_position('{ceased,paused,starting,stalled,running,dropped}'::text[],
+                                               d.status) DESC NULLS LAST,
+                     s.occurred_at DESC
+            LIMIT 1) AS k
+      JOIN status_history.history AS h
+        ON h.occurred_at OPERATOR(pg_catalog.=) k.occurred_at
+     WHERE include_dropped IS TRUE OR h.status OPERATOR(pg_catalog.<>) 'dropped'
+$$;
+
+COMMENT ON FUNCTION status_history.latest_by_precedence(text[], boolean) IS
+    'For each object (or each listed one), its report chosen by precedence as in statuses_by_precedence; dropped objects only when include_dropped.';
+
+CREATE FUNCTION status_history.expire()
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'status_history_expire'
+LANGUAGE C VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION status_history.expire() IS
+    'Appends, for every key whose lease ran out while its report was still its newest, the lapse readers already show (stalled, the lapse as error, the key''s replica and generation), each re-checked under its object''s lock; returns the number of rows appended. The background worker calls it every status_history.expire_interval.';
+
+REVOKE ALL ON FUNCTION status_history.expire() FROM PUBLIC;
+-- Everyone's, with the explicit privileges a fresh install's apply_privileges() records.
+REVOKE ALL ON FUNCTION status_history.report(text, text, text, jsonb, text, bigint, timestamptz, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION status_history.report(text, text, text, jsonb, text, bigint, timestamptz, interval) TO PUBLIC;
+REVOKE ALL ON FUNCTION status_history.report_many(text[], text[], text[], jsonb[], text[], bigint[], timestamptz[], interval[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION status_history.report_many(text[], text[], text[], jsonb[], text[], bigint[], timestamptz[], interval[]) TO PUBLIC;
+REVOKE ALL ON FUNCTION status_history.lapse_error(text, timestamptz) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION status_history.lapse_error(text, timestamptz) TO PUBLIC;
 
 -- @@ publications: replica_state and floors are updated in place and have
 -- no unique index on NOT NULL columns; a publication of all tables needs a

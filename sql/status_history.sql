@@ -77,6 +77,7 @@ CREATE TABLE status_history.history (
     generation  bigint      NOT NULL DEFAULT 0,
     reported_at timestamptz,
     stale       boolean     NOT NULL,   -- set by the insert trigger unless imported
+    lease       interval,               -- NULL: the status holds until the next report
     CONSTRAINT history_pkey PRIMARY KEY (occurred_at)
 );
 -- The one secondary index: one object's reports in stamp order (recomputing
@@ -103,6 +104,8 @@ COMMENT ON COLUMN status_history.history.generation IS
     'The reporter''s fence generation; a report below the object''s fence is recorded as stale.';
 COMMENT ON COLUMN status_history.history.reported_at IS
     'The reporter''s own clock; informational, never used for ordering.';
+COMMENT ON COLUMN status_history.history.lease IS
+    'How long the status holds unless its key reports again (a repeat renews it); past it, readers show the key stalled and expire() records that. Positive, in days, hours, minutes and seconds (a day is 24 hours; stored as hours). NULL: no lease.';
 COMMENT ON COLUMN status_history.history.stale IS
     'True when the report arrived below the object''s fence or a floor, or after it was dropped; a stale report never becomes current. Set by the extension; kept as given only on imports (occurred_at supplied).';
 
@@ -121,7 +124,9 @@ CREATE TABLE status_history.objects (
     replica_id   text,
     generation   bigint,
     reported_at  timestamptz,
-    status_since timestamptz
+    status_since timestamptz,
+    lease        interval,
+    expires_at   timestamptz
 ) WITH (fillfactor = 50);   -- room on the page, so the frequent updates stay HOT
 
 COMMENT ON TABLE status_history.objects IS
@@ -139,6 +144,9 @@ COMMENT ON COLUMN status_history.objects.generation IS 'Generation of the curren
 COMMENT ON COLUMN status_history.objects.reported_at IS 'Reporter clock of the current report.';
 COMMENT ON COLUMN status_history.objects.status_since IS
     'Stamp of the first report of the current unbroken run of this status.';
+COMMENT ON COLUMN status_history.objects.lease IS 'Lease of the current report.';
+COMMENT ON COLUMN status_history.objects.expires_at IS
+    'When the current report''s lease runs out: its key''s last report or repeat of it, plus the lease; NULL without a lease.';
 
 -- The clock's persisted high-water mark, in microseconds since 2000-01-01 UTC.
 -- Stamps are never handed out above it, so after a crash the clock restarts
@@ -298,14 +306,15 @@ CREATE FUNCTION status_history.report(
     details     jsonb       DEFAULT NULL,
     replica_id  text        DEFAULT NULL,
     generation  bigint      DEFAULT 0,
-    reported_at timestamptz DEFAULT NULL)
+    reported_at timestamptz DEFAULT NULL,
+    lease       interval    DEFAULT NULL)
 RETURNS status_history.history
 AS 'MODULE_PATHNAME', 'status_history_report'
 LANGUAGE C VOLATILE
 SET search_path = pg_catalog, pg_temp;
 
-COMMENT ON FUNCTION status_history.report(text, text, text, jsonb, text, bigint, timestamptz) IS
-    'Appends one report stamped by the database clock and returns the stored row (stale when fenced).';
+COMMENT ON FUNCTION status_history.report(text, text, text, jsonb, text, bigint, timestamptz, interval) IS
+    'Appends one report stamped by the database clock and returns the stored row (stale when fenced); with a lease, the status holds that long unless the key reports again.';
 
 CREATE FUNCTION status_history.report_many(
     object_ids  text[],
@@ -314,13 +323,14 @@ CREATE FUNCTION status_history.report_many(
     details     jsonb[]       DEFAULT NULL,
     replica_ids text[]        DEFAULT NULL,
     generations bigint[]      DEFAULT NULL,
-    reported_at timestamptz[] DEFAULT NULL)
+    reported_at timestamptz[] DEFAULT NULL,
+    leases      interval[]    DEFAULT NULL)
 RETURNS SETOF status_history.history
 AS 'MODULE_PATHNAME', 'status_history_report_many'
 LANGUAGE C VOLATILE
 SET search_path = pg_catalog, pg_temp;
 
-COMMENT ON FUNCTION status_history.report_many(text[], text[], text[], jsonb[], text[], bigint[], timestamptz[]) IS
+COMMENT ON FUNCTION status_history.report_many(text[], text[], text[], jsonb[], text[], bigint[], timestamptz[], interval[]) IS
     'Appends a batch of reports (element i of each array is report i) after locking their objects in one fixed order, so that batches never deadlock; returns the stored rows.';
 
 -- ---------------------------------------------------------------------------
@@ -337,23 +347,46 @@ SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION status_history.latest(text[], boolean) IS
     'For each object (or each listed one), its newest non-stale report; dropped objects only when include_dropped.';
 
+-- @@ leases: a lapse as readers show it
+-- The error of a lapse, as readers show it and expire() records it: the
+-- same text in every session (UTC, whatever the session's TimeZone).
+CREATE FUNCTION status_history.lapse_error(replica_id text, seen_at timestamptz)
+RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT 'lease expired: no report'
+           OPERATOR(pg_catalog.||) COALESCE(' from replica ' OPERATOR(pg_catalog.||) replica_id, '')
+           OPERATOR(pg_catalog.||) ' since '
+           OPERATOR(pg_catalog.||) pg_catalog.to_char(seen_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US')
+           OPERATOR(pg_catalog.||) '+00'
+$$;
+
+COMMENT ON FUNCTION status_history.lapse_error(text, timestamptz) IS
+    'The error of a lapsed lease, as readers show it and expire() records it: lease expired: no report from replica R since T (T in UTC).';
+
 CREATE VIEW status_history.statuses AS
     SELECT o.object_id,
-           o.status,
-           o.error,
-           o.details,
+           CASE WHEN l.lapsed THEN 'stalled' ELSE o.status END AS status,
+           CASE WHEN l.lapsed
+                THEN status_history.lapse_error(o.replica_id, o.expires_at OPERATOR(pg_catalog.-) o.lease)
+                ELSE o.error END AS error,
+           CASE WHEN l.lapsed THEN NULL ELSE o.details END AS details,
            o.replica_id,
            o.generation,
            o.occurred_at,
-           o.status_since,
-           o.reported_at,
-           o.fence
+           CASE WHEN l.lapsed AND o.status OPERATOR(pg_catalog.<>) 'stalled'
+                THEN o.expires_at ELSE o.status_since END AS status_since,
+           CASE WHEN l.lapsed THEN o.expires_at ELSE o.reported_at END AS reported_at,
+           o.fence,
+           o.expires_at
       FROM status_history.objects AS o
+     CROSS JOIN LATERAL (SELECT o.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now() AS lapsed) AS l
      WHERE o.occurred_at IS NOT NULL
        AND o.status OPERATOR(pg_catalog.<>) 'dropped';
 
 COMMENT ON VIEW status_history.statuses IS
-    'Current status of every object that is not dropped; WHERE object_id = ... is a primary-key lookup.';
+    'Current status of every object that is not dropped (stalled, with the lapse as error, once the current report''s lease ran out); WHERE object_id = ... is a primary-key lookup.';
 COMMENT ON COLUMN status_history.statuses.object_id IS 'The object.';
 COMMENT ON COLUMN status_history.statuses.status IS 'Current status.';
 COMMENT ON COLUMN status_history.statuses.error IS 'Error of the current report.';
@@ -365,6 +398,8 @@ COMMENT ON COLUMN status_history.statuses.status_since IS
     'When the object entered its current status (first report of the current unbroken run).';
 COMMENT ON COLUMN status_history.statuses.reported_at IS 'Reporter clock of the current report.';
 COMMENT ON COLUMN status_history.statuses.fence IS 'The object''s fence generation.';
+COMMENT ON COLUMN status_history.statuses.expires_at IS
+    'When the current report''s lease runs out (or ran out: the status shows stalled since then); NULL without a lease.';
 
 -- ---------------------------------------------------------------------------
 -- Fencing.
@@ -393,6 +428,7 @@ CREATE TABLE status_history.replica_state (
     occurred_at  timestamptz,
     status       text,
     status_since timestamptz,
+    expires_at   timestamptz,
     CONSTRAINT replica_state_key UNIQUE NULLS NOT DISTINCT (object_id, replica_id)
 ) WITH (fillfactor = 50);   -- heartbeats update it in place (HOT)
 -- The objects a replica reported on (reconnect(generation, replica_id),
@@ -418,6 +454,8 @@ COMMENT ON COLUMN status_history.replica_state.occurred_at IS
 COMMENT ON COLUMN status_history.replica_state.status IS 'Status of that report.';
 COMMENT ON COLUMN status_history.replica_state.status_since IS
     'Stamp of the first report of the key''s current unbroken run of that status.';
+COMMENT ON COLUMN status_history.replica_state.expires_at IS
+    'When the lease of the key''s newest non-stale report runs out: when the key last reported it or repeated it, plus its lease; NULL without a lease.';
 
 SELECT pg_catalog.pg_extension_config_dump('status_history.replica_state', '');
 
@@ -433,17 +471,22 @@ ALTER TABLE status_history.replica_state ENABLE ALWAYS TRIGGER replica_state_res
 CREATE VIEW status_history.replica_statuses AS
     SELECT k.object_id,
            k.replica_id,
-           h.status,
-           h.error,
-           h.details,
+           CASE WHEN l.lapsed THEN 'stalled' ELSE h.status END AS status,
+           CASE WHEN l.lapsed
+                THEN status_history.lapse_error(k.replica_id, k.expires_at OPERATOR(pg_catalog.-) h.lease)
+                ELSE h.error END AS error,
+           CASE WHEN l.lapsed THEN NULL ELSE h.details END AS details,
            h.generation,
            k.occurred_at,
-           k.status_since,
-           h.reported_at,
+           CASE WHEN l.lapsed AND h.status OPERATOR(pg_catalog.<>) 'stalled'
+                THEN k.expires_at ELSE k.status_since END AS status_since,
+           CASE WHEN l.lapsed THEN k.expires_at ELSE h.reported_at END AS reported_at,
            k.last_at,
            k.last_seen_at,
-           f.retired_at IS NOT NULL AS retired
+           f.retired_at IS NOT NULL AS retired,
+           k.expires_at
       FROM status_history.replica_state AS k
+     CROSS JOIN LATERAL (SELECT k.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now() AS lapsed) AS l
       LEFT JOIN status_history.history AS h
         ON h.occurred_at OPERATOR(pg_catalog.=) k.occurred_at
       LEFT JOIN status_history.floors AS f
@@ -454,7 +497,7 @@ COMMENT ON VIEW status_history.replica_statuses IS
 COMMENT ON COLUMN status_history.replica_statuses.object_id IS 'The object.';
 COMMENT ON COLUMN status_history.replica_statuses.replica_id IS 'The replica (NULL: reports without one).';
 COMMENT ON COLUMN status_history.replica_statuses.status IS
-    'Status of the key''s newest non-stale report; NULL when it has only stale ones.';
+    'Status of the key''s newest non-stale report (stalled once its lease ran out); NULL when it has only stale ones.';
 COMMENT ON COLUMN status_history.replica_statuses.error IS 'Error of that report.';
 COMMENT ON COLUMN status_history.replica_statuses.details IS 'Details of that report.';
 COMMENT ON COLUMN status_history.replica_statuses.generation IS 'Generation of that report.';
@@ -468,6 +511,8 @@ COMMENT ON COLUMN status_history.replica_statuses.last_seen_at IS
     'When the key last reported anything, repeats included (heartbeats).';
 COMMENT ON COLUMN status_history.replica_statuses.retired IS
     'The replica was retired by retire_replica(): its reports are stale and its key no longer counts.';
+COMMENT ON COLUMN status_history.replica_statuses.expires_at IS
+    'When the lease of that report runs out (or ran out: the key shows stalled since then); NULL without a lease.';
 
 -- @@ precedence
 -- One status per object by precedence, the rule of Materialize's
@@ -479,27 +524,35 @@ COMMENT ON COLUMN status_history.replica_statuses.retired IS
 -- the history is read once per object, by its primary key.
 CREATE VIEW status_history.statuses_by_precedence AS
     SELECT o.object_id,
-           h.status,
-           h.error,
-           h.details,
+           k.status,
+           CASE WHEN k.lapsed
+                THEN status_history.lapse_error(h.replica_id, k.expires_at OPERATOR(pg_catalog.-) h.lease)
+                ELSE h.error END AS error,
+           CASE WHEN k.lapsed THEN NULL ELSE h.details END AS details,
            h.replica_id,
            h.generation,
            h.occurred_at,
-           k.status_since,
-           h.reported_at,
-           o.fence
+           CASE WHEN k.lapsed AND h.status OPERATOR(pg_catalog.<>) 'stalled'
+                THEN k.expires_at ELSE k.status_since END AS status_since,
+           CASE WHEN k.lapsed THEN k.expires_at ELSE h.reported_at END AS reported_at,
+           o.fence,
+           k.expires_at
       FROM status_history.objects AS o
      CROSS JOIN LATERAL (
-           SELECT s.occurred_at, s.status_since
+           SELECT s.occurred_at, s.status_since, s.expires_at, d.status, d.lapsed
              FROM status_history.replica_state AS s
+            CROSS JOIN LATERAL (
+                  SELECT s.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now() AS lapsed,
+                         CASE WHEN s.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now()
+                              THEN 'stalled' ELSE s.status END AS status) AS d
             WHERE s.object_id OPERATOR(pg_catalog.=) o.object_id
               AND s.occurred_at IS NOT NULL
-              AND (s.status OPERATOR(pg_catalog.=) 'paused'
+              AND (d.status OPERATOR(pg_catalog.=) 'paused'
                    OR NOT EXISTS (SELECT FROM status_history.floors AS f
                                    WHERE f.replica_id OPERATOR(pg_catalog.=) s.replica_id
                                      AND f.retired_at IS NOT NULL))
             ORDER BY pg_catalog.array_position('{ceased,paused,starting,stalled,running,dropped}'::text[],
-                                               s.status) DESC NULLS LAST,
+                                               d.status) DESC NULLS LAST,
                      s.occurred_at DESC
             LIMIT 1) AS k
       JOIN status_history.history AS h
@@ -507,7 +560,7 @@ CREATE VIEW status_history.statuses_by_precedence AS
      WHERE h.status OPERATOR(pg_catalog.<>) 'dropped';
 
 COMMENT ON VIEW status_history.statuses_by_precedence IS
-    'One status per object by precedence (Materialize''s rule, opt-in): of each live key''s newest non-stale report (a retired replica''s key only when paused), the highest of dropped > running > stalled > starting > paused > ceased, the newest among equals; dropped objects hidden. WHERE object_id = ... is an index lookup.';
+    'One status per object by precedence (Materialize''s rule, opt-in): of each live key''s newest non-stale report (stalled once its lease ran out; a retired replica''s key only when paused), the highest of dropped > running > stalled > starting > paused > ceased, the newest among equals; dropped objects hidden. WHERE object_id = ... is an index lookup.';
 COMMENT ON COLUMN status_history.statuses_by_precedence.object_id IS 'The object.';
 COMMENT ON COLUMN status_history.statuses_by_precedence.status IS 'Status of the chosen report.';
 COMMENT ON COLUMN status_history.statuses_by_precedence.error IS 'Error of the chosen report.';
@@ -520,6 +573,8 @@ COMMENT ON COLUMN status_history.statuses_by_precedence.status_since IS
     'When the chosen key entered that status (first report of its current unbroken run).';
 COMMENT ON COLUMN status_history.statuses_by_precedence.reported_at IS 'Reporter clock of the chosen report.';
 COMMENT ON COLUMN status_history.statuses_by_precedence.fence IS 'The object''s fence generation.';
+COMMENT ON COLUMN status_history.statuses_by_precedence.expires_at IS
+    'When the chosen report''s lease runs out (or ran out: it shows stalled since then); NULL without a lease.';
 
 CREATE FUNCTION status_history.latest_by_precedence(
     object_ids      text[]  DEFAULT NULL,
@@ -540,19 +595,31 @@ AS $$
         SELECT o.object_id FROM status_history.objects AS o
          WHERE o.object_id OPERATOR(pg_catalog.=) ANY (object_ids)
     )
-    SELECT h.*
+    SELECT h.occurred_at, h.object_id, k.status,
+           CASE WHEN k.lapsed
+                THEN status_history.lapse_error(h.replica_id, k.expires_at OPERATOR(pg_catalog.-) h.lease)
+                ELSE h.error END,
+           CASE WHEN k.lapsed THEN NULL ELSE h.details END,
+           h.replica_id, h.generation,
+           CASE WHEN k.lapsed THEN k.expires_at ELSE h.reported_at END,
+           h.stale,
+           CASE WHEN k.lapsed THEN NULL ELSE h.lease END
       FROM scope AS o
      CROSS JOIN LATERAL (
-           SELECT s.occurred_at
+           SELECT s.occurred_at, s.expires_at, d.status, d.lapsed
              FROM status_history.replica_state AS s
+            CROSS JOIN LATERAL (
+                  SELECT s.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now() AS lapsed,
+                         CASE WHEN s.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now()
+                              THEN 'stalled' ELSE s.status END AS status) AS d
             WHERE s.object_id OPERATOR(pg_catalog.=) o.object_id
               AND s.occurred_at IS NOT NULL
-              AND (s.status OPERATOR(pg_catalog.=) 'paused'
+              AND (d.status OPERATOR(pg_catalog.=) 'paused'
                    OR NOT EXISTS (SELECT FROM status_history.floors AS f
                                    WHERE f.replica_id OPERATOR(pg_catalog.=) s.replica_id
                                      AND f.retired_at IS NOT NULL))
             ORDER BY pg_catalog.array_position('{ceased,paused,starting,stalled,running,dropped}'::text[],
-                                               s.status) DESC NULLS LAST,
+                                               d.status) DESC NULLS LAST,
                      s.occurred_at DESC
             LIMIT 1) AS k
       JOIN status_history.history AS h
@@ -590,6 +657,21 @@ COMMENT ON FUNCTION status_history.prune(integer, interval) IS
     'Removes old history: per object and replica all but the newest keep_last reports, and with older_than also those stamped before now() - older_than; never a key''s newest report, its newest non-stale report, or an object''s current report. Returns the number of rows removed.';
 
 -- Not for PUBLIC: the admin role's (apply_privileges() below).
+
+-- ---------------------------------------------------------------------------
+-- Leases: recording the lapses readers already show.
+-- ---------------------------------------------------------------------------
+-- @@ leases: expire()
+CREATE FUNCTION status_history.expire()
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'status_history_expire'
+LANGUAGE C VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION status_history.expire() IS
+    'Appends, for every key whose lease ran out while its report was still its newest, the lapse readers already show (stalled, the lapse as error, the key''s replica and generation), each re-checked under its object''s lock; returns the number of rows appended. The background worker calls it every status_history.expire_interval.';
+
+-- Not for PUBLIC: the controller's and the admin's (apply_privileges() below).
 
 -- ---------------------------------------------------------------------------
 -- History questions.
@@ -655,9 +737,9 @@ COMMENT ON TABLE status_history.roles IS
     'The roles status_history.grant_roles() grants to (one row); admin may also import (supply occurred_at). Maintained by grant_roles().';
 COMMENT ON COLUMN status_history.roles.singleton IS 'Always true: the table has one row.';
 COMMENT ON COLUMN status_history.roles.reporter IS 'May report: INSERT on the history.';
-COMMENT ON COLUMN status_history.roles.controller IS 'May report, reconnect() and retire_replica().';
+COMMENT ON COLUMN status_history.roles.controller IS 'May report, reconnect(), retire_replica() and expire().';
 COMMENT ON COLUMN status_history.roles.reader IS 'May read the history, the state, the views and the history questions.';
-COMMENT ON COLUMN status_history.roles.admin IS 'May read, import (supply occurred_at) and prune().';
+COMMENT ON COLUMN status_history.roles.admin IS 'May read, import (supply occurred_at), prune() and expire().';
 COMMENT ON COLUMN status_history.roles.public_reads IS 'PUBLIC may read as a reader does (the default of a fresh install).';
 
 CREATE TRIGGER roles_restore_merge
@@ -683,11 +765,12 @@ DECLARE
         ' status_history.intervals(text, timestamptz, timestamptz),'
         ' status_history.time_in_status(timestamptz, timestamptz, text[])';
     everyone_functions CONSTANT text := 'status_history.monotonic_now(), status_history.versions(),'
-        ' status_history.report(text, text, text, jsonb, text, bigint, timestamptz),'
-        ' status_history.report_many(text[], text[], text[], jsonb[], text[], bigint[], timestamptz[])';
+        ' status_history.report(text, text, text, jsonb, text, bigint, timestamptz, interval),'
+        ' status_history.report_many(text[], text[], text[], jsonb[], text[], bigint[], timestamptz[], interval[]),'
+        ' status_history.lapse_error(text, timestamptz)';
     controller_functions CONSTANT text := 'status_history.reconnect(bigint, text, text[]),'
-        ' status_history.retire_replica(text, bigint)';
-    admin_functions CONSTANT text := 'status_history.prune(integer, interval)';
+        ' status_history.retire_replica(text, bigint), status_history.expire()';
+    admin_functions CONSTANT text := 'status_history.prune(integer, interval), status_history.expire()';
 BEGIN
     SELECT * INTO r FROM status_history.roles;
     -- Nothing for anyone first: what an earlier version, a recipe, an owner

@@ -286,33 +286,12 @@ scope_ids(Datum replica_id, bool replica_null, Datum **ids)
 	static SPIPlanPtr replica_plan = NULL;
 	Oid			types[1] = {TEXTOID};
 	Datum		args[1] = {replica_id};
-	MemoryContext outer = CurrentMemoryContext;
-	ShSavedUser saved;
-	int			ret;
-	int			n;
 
-	SPI_connect();
-	sh_become_owner(sh_relation_oid("objects"), &saved);
-	if (all_plan == NULL)
-		all_plan = sh_prepare_kept("SELECT o.object_id FROM status_history.objects AS o", 0, NULL);
-	if (replica_plan == NULL)
-		replica_plan = sh_prepare_kept("SELECT k.object_id FROM status_history.replica_state AS k"
-									   " WHERE k.replica_id OPERATOR(pg_catalog.=) $1", 1, types);
-	ret = sh_execute_latest(replica_null ? all_plan : replica_plan, args, NULL, true, 0);
-	if (ret != SPI_OK_SELECT)
-		elog(ERROR, "status_history: reading the scope failed: %s", SPI_result_code_string(ret));
-	n = (int) SPI_processed;
-	*ids = MemoryContextAlloc(outer, Max(n, 1) * sizeof(Datum));
-	for (int i = 0; i < n; i++)
-	{
-		bool		isnull;
-		Datum		d = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &isnull);
-
-		(*ids)[i] = SPI_datumTransfer(d, false, -1);
-	}
-	sh_restore_user(&saved);
-	SPI_finish();
-	return n;
+	if (replica_null)
+		return sh_read_ids(&all_plan, "SELECT o.object_id FROM status_history.objects AS o",
+						   0, NULL, NULL, ids);
+	return sh_read_ids(&replica_plan, "SELECT k.object_id FROM status_history.replica_state AS k"
+					   " WHERE k.replica_id OPERATOR(pg_catalog.=) $1", 1, types, args, ids);
 }
 
 /*
@@ -466,8 +445,9 @@ append_copies(ReturnSetInfo *rsinfo, Datum *ids, int n, int64 generation,
 		/* Every live object's current report, as the view shows it. */
 		current_plan = sh_prepare_kept(
 									   "INSERT INTO status_history.history AS h"
-									   " (object_id, status, error, details, replica_id, generation, reported_at)"
-									   " SELECT o.object_id, o.status, o.error, o.details, o.replica_id, $2, o.reported_at"
+									   " (object_id, status, error, details, replica_id, generation, reported_at, lease)"
+									   " SELECT o.object_id, o.status, o.error, o.details, o.replica_id, $2, o.reported_at,"
+									   "        o.lease"
 									   "   FROM pg_catalog.unnest($1) WITH ORDINALITY AS s(id, n)"
 									   "   JOIN status_history.objects AS o ON o.object_id OPERATOR(pg_catalog.=) s.id"
 									   "  WHERE o.occurred_at IS NOT NULL AND o.status OPERATOR(pg_catalog.<>) 'dropped'"
@@ -479,8 +459,9 @@ append_copies(ReturnSetInfo *rsinfo, Datum *ids, int n, int64 generation,
 		/* The replica's newest non-stale report of every live object. */
 		replica_plan = sh_prepare_kept(
 									   "INSERT INTO status_history.history AS h"
-									   " (object_id, status, error, details, replica_id, generation, reported_at)"
-									   " SELECT o.object_id, r.status, r.error, r.details, r.replica_id, $2, r.reported_at"
+									   " (object_id, status, error, details, replica_id, generation, reported_at, lease)"
+									   " SELECT o.object_id, r.status, r.error, r.details, r.replica_id, $2, r.reported_at,"
+									   "        r.lease"
 									   "   FROM pg_catalog.unnest($1) WITH ORDINALITY AS s(id, n)"
 									   "   JOIN status_history.objects AS o ON o.object_id OPERATOR(pg_catalog.=) s.id"
 									   "   JOIN status_history.replica_state AS k"

@@ -459,8 +459,8 @@ stored_row(Relation rel, TimestampTz stamp, ItemPointer tid, TupleTableSlot *slo
 }
 
 /*
- * Does the report equal the stored row at stamp in status, error, details
- * and generation (and, when check_stale, in stale)?  The row's copy goes to
+ * Does the report equal the stored row at stamp in status, error, details,
+ * lease and generation (and, when check_stale, in stale)?  The row's copy goes to
  * *row when asked for.
  */
 static bool
@@ -480,8 +480,11 @@ same_report(Relation rel, TimestampTz stamp, ItemPointer tid, Datum *values, boo
 		Datum		details = slot_getattr(slot, cols->details, &n2);
 		Datum		generation = slot_getattr(slot, cols->generation, &isnull);
 		Datum		row_stale = slot_getattr(slot, cols->stale, &isnull);
+		bool		n3;
+		Datum		lease = slot_getattr(slot, cols->lease, &n3);
 
 		same = same_value(status, false, values[AT(cols->status)], false, texteq) &&
+			same_value(lease, n3, values[AT(cols->lease)], nulls[AT(cols->lease)], interval_eq) &&
 			same_value(error, n1, values[AT(cols->error)], nulls[AT(cols->error)], texteq) &&
 			same_value(details, n2, values[AT(cols->details)], nulls[AT(cols->details)], jsonb_eq) &&
 			DatumGetInt64(generation) == DatumGetInt64(values[AT(cols->generation)]) &&
@@ -555,6 +558,7 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 	text	   *replica;
 	int			status_index;
 	bool		complete;
+	int64		lease = 0;
 
 	sh_check_version();
 	check_trigger_call(fcinfo, "history_insert_trigger");
@@ -603,7 +607,21 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 													  floor, status, stamp));
 	}
 
+	if (!nulls[AT(cols->lease)])
+		lease = sh_lease_check(&values[AT(cols->lease)], stamp, status);
+
 	stale = decide_stale(obj, values, nulls, cols, imported, generation, floor, status, stamp);
+
+	/* expire()'s lapse, decided under the lock: not when the lease was renewed or the key fenced meanwhile. */
+	if (sh_lease_in_expire())
+	{
+		sh_state_catch_up(obj);
+		stale = decide_stale(obj, values, nulls, cols, imported, generation, floor, status, stamp);
+		if (stale || nulls[AT(cols->reported_at)] ||
+			!sh_lease_still_due(obj, sh_state_key(obj, replica),
+								DatumGetTimestampTz(values[AT(cols->reported_at)])))
+			return PointerGetDatum(NULL);
+	}
 
 	if (deduplicate && !imported && !sh_fence_in_reconnect() && sh_state_repeats_allowed(obj))
 	{
@@ -622,7 +640,7 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 			ShKey	   *key = sh_state_key(obj, replica);
 
 			/* No row: the key was seen (report() returns the row repeated). */
-			sh_state_seen(obj, key, stamp);
+			sh_state_seen(obj, key, stamp, lease);
 			capture_before(trigdata, stamp, repeated);
 			return PointerGetDatum(NULL);
 		}
@@ -708,14 +726,15 @@ Datum
 status_history_report(PG_FUNCTION_ARGS)
 {
 	static SPIPlanPtr plan = NULL;
-	Oid			types[7] = {TEXTOID, TEXTOID, TEXTOID, JSONBOID, TEXTOID, INT8OID, TIMESTAMPTZOID};
-	Datum		args[7];
-	char		nulls[7];
+	Oid			types[8] = {TEXTOID, TEXTOID, TEXTOID, JSONBOID, TEXTOID, INT8OID, TIMESTAMPTZOID,
+	INTERVALOID};
+	Datum		args[8];
+	char		nulls[8];
 	TupleDesc	desc;
 	HeapTuple	row = NULL;
 
 	sh_check_version();
-	for (int i = 0; i < 7; i++)
+	for (int i = 0; i < 8; i++)
 	{
 		args[i] = PG_ARGISNULL(i) ? (Datum) 0 : PG_GETARG_DATUM(i);
 		nulls[i] = PG_ARGISNULL(i) ? 'n' : ' ';
@@ -725,9 +744,9 @@ status_history_report(PG_FUNCTION_ARGS)
 	SPI_connect();
 	if (plan == NULL)
 		plan = sh_prepare_kept("INSERT INTO status_history.history"
-							   " (object_id, status, error, details, replica_id, generation, reported_at)"
-							   " VALUES ($1, $2, $3, $4, $5, $6, $7)",
-							   7, types);
+							   " (object_id, status, error, details, replica_id, generation, reported_at, lease)"
+							   " VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+							   8, types);
 	execute_capturing(plan, args, nulls, put_first, &row);
 	if (row != NULL)
 		row = SPI_copytuple(row);
@@ -775,17 +794,17 @@ Datum
 status_history_report_many(PG_FUNCTION_ARGS)
 {
 	static SPIPlanPtr plan = NULL;
-	Oid			types[7] = {TEXTARRAYOID, TEXTARRAYOID, TEXTARRAYOID, JSONBARRAYOID,
-		TEXTARRAYOID, INT8ARRAYOID, TIMESTAMPTZARRAYOID};
-	const char *names[7] = {"object_ids", "statuses", "errors", "details",
-		"replica_ids", "generations", "reported_at"};
+	Oid			types[8] = {TEXTARRAYOID, TEXTARRAYOID, TEXTARRAYOID, JSONBARRAYOID,
+		TEXTARRAYOID, INT8ARRAYOID, TIMESTAMPTZARRAYOID, INTERVALARRAYOID};
+	const char *names[8] = {"object_ids", "statuses", "errors", "details",
+		"replica_ids", "generations", "reported_at", "leases"};
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	ArrayType  *ids;
 	Datum	   *elems;
 	bool	   *elem_nulls;
 	int			n;
-	Datum		args[7];
-	char		nulls[7];
+	Datum		args[8];
+	char		nulls[8];
 
 	sh_check_version();
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
@@ -800,7 +819,7 @@ status_history_report_many(PG_FUNCTION_ARGS)
 				 errmsg("object_ids must be a one-dimensional array"),
 				 errhint("Pass one object id per report.")));
 	deconstruct_array(ids, TEXTOID, -1, false, TYPALIGN_INT, &elems, &elem_nulls, &n);
-	for (int i = 0; i < 7; i++)
+	for (int i = 0; i < 8; i++)
 	{
 		args[i] = i == 0 ? PointerGetDatum(ids) : batch_array(fcinfo, i, n, names[i]);
 		nulls[i] = args[i] == (Datum) 0 ? 'n' : ' ';
@@ -828,16 +847,16 @@ status_history_report_many(PG_FUNCTION_ARGS)
 	SPI_connect();
 	if (plan == NULL)
 		plan = sh_prepare_kept("INSERT INTO status_history.history AS h"
-							   " (object_id, status, error, details, replica_id, generation, reported_at)"
-							   " SELECT u.o, u.s, u.e, u.d, u.r, COALESCE(u.g, 0), u.t"
+							   " (object_id, status, error, details, replica_id, generation, reported_at, lease)"
+							   " SELECT u.o, u.s, u.e, u.d, u.r, COALESCE(u.g, 0), u.t, u.l"
 							   "   FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
 							   "                   pg_catalog.unnest($3), pg_catalog.unnest($4),"
 							   "                   pg_catalog.unnest($5), pg_catalog.unnest($6),"
-							   "                   pg_catalog.unnest($7)) WITH ORDINALITY"
-							   "        AS u(o, s, e, d, r, g, t, n)"
+							   "                   pg_catalog.unnest($7), pg_catalog.unnest($8)) WITH ORDINALITY"
+							   "        AS u(o, s, e, d, r, g, t, l, n)"
 							   "  WHERE u.n OPERATOR(pg_catalog.<=) pg_catalog.cardinality($1)"
 							   "  ORDER BY u.n",
-							   7, types);
+							   8, types);
 	execute_capturing(plan, args, nulls, put_result, rsinfo);
 	SPI_finish();
 	return (Datum) 0;

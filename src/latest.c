@@ -25,11 +25,23 @@
 
 PG_FUNCTION_INFO_V1(status_history_latest);
 
-/* Same columns, in the same order, as status_history.history. */
+/*
+ * Same columns as status_history.history (copied by name), a lapsed lease
+ * shown as the views show it (stalled, the lapse as error).
+ */
 #define LATEST_SELECT \
-	"SELECT o.occurred_at, o.object_id, o.status, o.error, o.details," \
-	"       o.replica_id, o.generation, o.reported_at, false AS stale" \
+	"SELECT o.occurred_at, o.object_id," \
+	"       CASE WHEN l.lapsed THEN 'stalled' ELSE o.status END AS status," \
+	"       CASE WHEN l.lapsed" \
+	"            THEN status_history.lapse_error(o.replica_id, o.expires_at OPERATOR(pg_catalog.-) o.lease)" \
+	"            ELSE o.error END AS error," \
+	"       CASE WHEN l.lapsed THEN NULL ELSE o.details END AS details," \
+	"       o.replica_id, o.generation," \
+	"       CASE WHEN l.lapsed THEN o.expires_at ELSE o.reported_at END AS reported_at," \
+	"       false AS stale," \
+	"       CASE WHEN l.lapsed THEN NULL ELSE o.lease END AS lease" \
 	"  FROM status_history.objects AS o" \
+	" CROSS JOIN LATERAL (SELECT o.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now() AS lapsed) AS l" \
 	" WHERE o.occurred_at IS NOT NULL" \
 	"   AND ($1 OR o.status OPERATOR(pg_catalog.<>) 'dropped')"
 

@@ -53,8 +53,10 @@ read_object_row(TupleTableSlot *slot, ShObject *obj)
 	obj->current_at = stamp_or_none(slot, sh_attnum(desc, "objects", "occurred_at"), &isnull);
 	obj->has_current = !isnull;
 	obj->tid = slot->tts_tid;
+	obj->expires_at = SH_NO_STAMP;
 	if (!obj->has_current)
 		return;
+	obj->expires_at = stamp_or_none(slot, sh_attnum(desc, "objects", "expires_at"), &isnull);
 	d = slot_getattr(slot, status_att, &isnull);
 	if (!isnull)
 		text_to_cstring_buffer(DatumGetTextPP(d), obj->status, sizeof(obj->status));
@@ -221,6 +223,7 @@ typedef struct KeyColumns
 	AttrNumber	occurred_at;
 	AttrNumber	status;
 	AttrNumber	status_since;
+	AttrNumber	expires_at;
 } KeyColumns;
 
 static void
@@ -232,6 +235,7 @@ key_columns(TupleDesc desc, KeyColumns *cols)
 	cols->occurred_at = sh_attnum(desc, "replica_state", "occurred_at");
 	cols->status = sh_attnum(desc, "replica_state", "status");
 	cols->status_since = sh_attnum(desc, "replica_state", "status_since");
+	cols->expires_at = sh_attnum(desc, "replica_state", "expires_at");
 }
 
 /* A key's row as state; its replica_id is copied into cxt. */
@@ -257,6 +261,7 @@ key_from_slot(TupleTableSlot *slot, const KeyColumns *cols, ShKey *key, MemoryCo
 	key->current_at = stamp_or_none(slot, cols->occurred_at, &isnull);
 	key->has_current = !isnull;
 	key->status_since = stamp_or_none(slot, cols->status_since, &isnull);
+	key->expires_at = stamp_or_none(slot, cols->expires_at, &isnull);
 	if (key->has_current)
 	{
 		Datum		d = slot_getattr(slot, cols->status, &isnull);

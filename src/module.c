@@ -14,7 +14,7 @@ PG_MODULE_MAGIC;
 
 void		_PG_init(void);
 
-/* Set up the clock's shared memory hooks when preloaded, the cache's callbacks, the utility hook. */
+/* Set up the clock's shared memory hooks and the worker when preloaded, the cache's callbacks, the utility hook. */
 void
 _PG_init(void)
 {
@@ -25,6 +25,8 @@ _PG_init(void)
 	sh_fence_init();
 	sh_notify_init();
 	sh_utility_init();
+	sh_lease_init();
+	sh_worker_init();
 	/* After every setting is defined: a misspelt one is an error, a placeholder set before loading is kept. */
 	MarkGUCPrefixReserved("status_history");
 }

@@ -7,9 +7,9 @@
  *
  * A restore (pg_restore, psql < dump, or an owner's import) loads the
  * history as imports, which rebuild each object's state, and loads these
- * tables too: their fences and floors, and each key's last_seen_at, are not
- * derivable from the history (reconnect() raises fences; a heartbeat
- * leaves no row).  A restored row is merged into what the history's restore
+ * tables too: their fences and floors, and each key's last_seen_at and
+ * lease expiry, are not derivable from the history (reconnect() raises
+ * fences; a heartbeat leaves no row).  A restored row is merged into what the history's restore
  * built, before or after it: the higher fence or floor wins, a key keeps the
  * dumped last_seen_at.  So the order in which the tables are loaded, in one
  * job or several, does not matter.
@@ -64,18 +64,24 @@ status_history_restore_merge(PG_FUNCTION_ARGS)
 	/*
 	 * Per table: keep the higher fence and the higher floor; a key's
 	 * last_seen_at is the dump's (the history's restore counts controller
-	 * copies as sightings, the dump knows better); the roles are the dump's.
+	 * copies as sightings, the dump knows better), and so is when the lease
+	 * of the current report runs out if it is the same report (a heartbeat
+	 * renewed it, which the history does not show); the roles are the dump's.
 	 */
 	static const char *const merges[4] = {
 		"INSERT INTO status_history.objects AS o SELECT ($1).*"
 		"    ON CONFLICT (object_id) DO UPDATE"
-		"   SET fence = pg_catalog.int8larger(o.fence, excluded.fence)",
+		"   SET fence = pg_catalog.int8larger(o.fence, excluded.fence),"
+		"       expires_at = CASE WHEN o.occurred_at IS NOT DISTINCT FROM excluded.occurred_at"
+		"                         THEN excluded.expires_at ELSE o.expires_at END",
 		"INSERT INTO status_history.floors AS f SELECT ($1).*"
 		"    ON CONFLICT (replica_id) DO UPDATE"
 		"   SET generation = pg_catalog.int8larger(f.generation, excluded.generation)",
 		"INSERT INTO status_history.replica_state AS k SELECT ($1).*"
 		"    ON CONFLICT (object_id, replica_id) DO UPDATE"
-		"   SET last_seen_at = excluded.last_seen_at",
+		"   SET last_seen_at = excluded.last_seen_at,"
+		"       expires_at = CASE WHEN k.occurred_at IS NOT DISTINCT FROM excluded.occurred_at"
+		"                         THEN excluded.expires_at ELSE k.expires_at END",
 		"INSERT INTO status_history.roles AS r SELECT ($1).*"
 		"    ON CONFLICT (singleton) DO UPDATE"
 		"   SET reporter = excluded.reporter, controller = excluded.controller,"

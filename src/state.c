@@ -326,7 +326,7 @@ sh_state_lock(Datum object_id)
 	/* Locking may run (and roll back) a subtransaction of its own. */
 	memset(&fresh, 0, sizeof(fresh));
 	ItemPointerSetInvalid(&fresh.current_tid);
-	fresh.current_at = fresh.status_since = fresh.last_at = SH_NO_STAMP;
+	fresh.current_at = fresh.status_since = fresh.last_at = fresh.expires_at = SH_NO_STAMP;
 	fresh.id = id;
 	created = sh_lock_object(object_id, sh_fence_new_object(), &fresh);
 	if (objects == NULL)
@@ -418,6 +418,7 @@ key_for(ShObject *obj, text *replica)
 	ItemPointerSetInvalid(&key->tid);
 	ItemPointerSetInvalid(&key->last_tid);
 	key->last_at = key->last_seen_at = key->current_at = key->status_since = SH_NO_STAMP;
+	key->expires_at = SH_NO_STAMP;
 	if (replica != NULL)
 	{
 		MemoryContext old = MemoryContextSwitchTo(state_cxt);
@@ -456,6 +457,7 @@ typedef struct StoredRow
 	text	   *replica_id;		/* NULL: none (points into the slot) */
 	int64		generation;
 	bool		stale;
+	int64		lease;			/* microseconds; 0: none */
 } StoredRow;
 
 static void
@@ -476,6 +478,8 @@ read_stored(TupleTableSlot *slot, StoredRow *row)
 	row->replica_id = isnull ? NULL : DatumGetTextPP(d);
 	row->generation = DatumGetInt64(slot_getattr(slot, c->generation, &isnull));
 	row->stale = DatumGetBool(slot_getattr(slot, c->stale, &isnull));
+	d = slot_getattr(slot, c->lease, &isnull);
+	row->lease = isnull ? 0 : sh_lease_usecs(d);
 }
 
 /* A stored row the rules refuse: refuse the statement. */
@@ -607,6 +611,14 @@ fold(ShObject *obj, TupleTableSlot *slot, bool event)
 	key->dirty = true;
 	if (!row.stale)
 	{
+		/*
+		 * The lease runs from the key's report -- not from a controller's
+		 * re-stamped copy of it, which carries the lease on as it was.
+		 */
+		if (row.lease == 0)
+			key->expires_at = SH_NO_STAMP;
+		else if (!sh_fence_in_reconnect() || !key->has_current || key->expires_at == SH_NO_STAMP)
+			key->expires_at = sh_lease_expiry(row.stamp, row.lease);
 		if (!key->has_current || strcmp(key->status, row.status) != 0)
 			key->status_since = row.stamp;
 		key->has_current = true;
@@ -617,6 +629,7 @@ fold(ShObject *obj, TupleTableSlot *slot, bool event)
 		obj->has_current = true;
 		obj->current_at = row.stamp;
 		obj->current_tid = row.tid;
+		obj->expires_at = key->expires_at;
 		strlcpy(obj->status, row.status, sizeof(obj->status));
 		obj->dirty = true;
 	}
@@ -863,6 +876,11 @@ refold_past(ShObject *obj, TupleTableSlot *slot)
 	key->current_at = krun.current_at;
 	key->status_since = krun.since;
 	strlcpy(key->status, krun.status, sizeof(key->status));
+	/* Only this row changed anything: its lease, if it is the key's (or the object's) current report now. */
+	if (key->current_at == row.stamp)
+		key->expires_at = row.lease == 0 ? SH_NO_STAMP : sh_lease_expiry(row.stamp, row.lease);
+	if (obj->current_at == row.stamp)
+		obj->expires_at = key->expires_at;
 }
 
 /*
@@ -900,12 +918,26 @@ sh_state_after_row(HeapTuple tuple, TupleDesc desc)
 	ExecDropSingleTupleTableSlot(slot);
 }
 
-/* A repeat: the key reported again what it reported last (no row).  Written at once. */
+/*
+ * A repeat: the key reported again what it reported last (no row), with
+ * that row's lease.  Written at once.  It renews the lease of the key's
+ * report when that is its newest row (a repeat of a stale row renews
+ * nothing), and so the object's when that is the object's current report.
+ */
 void
-sh_state_seen(ShObject *obj, ShKey *key, TimestampTz seen)
+sh_state_seen(ShObject *obj, ShKey *key, TimestampTz seen, int64 lease)
 {
 	key->last_seen_at = Max(key->last_seen_at, seen);
 	key->dirty = true;
+	if (lease != 0 && key->has_current && key->current_at == key->last_at)
+	{
+		key->expires_at = Max(key->expires_at, sh_lease_expiry(seen, lease));
+		if (obj->has_current && obj->current_at == key->current_at)
+		{
+			obj->expires_at = key->expires_at;
+			obj->dirty = true;
+		}
+	}
 	note_repeat(obj, key, seen);
 	write_back(obj, NULL);
 }

@@ -18,6 +18,8 @@
  * notify.c     NOTIFY status_history when an object's status changes
  * latest.c     the latest() set-returning function; copying history rows into a result
  * prune.c      prune(): removing old history, and the one DELETE the history lets through
+ * lease.c      leases: checking them, when they run out, expire() recording the lapses
+ * worker.c     the background worker that calls expire() in every database that has the extension
  * questions.c  history_of(), intervals() and time_in_status(): the history over a window
  */
 #ifndef STATUS_HISTORY_H
@@ -59,6 +61,8 @@ extern ErrorData *sh_subxact_abort(MemoryContext cxt, ResourceOwner owner);
 extern HTAB *sh_text_hash_create(const char *name, Size entrysize, MemoryContext cxt);
 extern int	sh_execute_latest(SPIPlanPtr plan, Datum *args, const char *nulls,
 							  bool read_only, long count);
+extern int	sh_read_ids(SPIPlanPtr *plan, const char *sql, int nargs, Oid *types, Datum *args,
+						Datum **ids);
 
 /* clock.c */
 extern void sh_clock_init(void);
@@ -78,6 +82,7 @@ typedef struct ShHistoryCols
 	AttrNumber	generation;
 	AttrNumber	reported_at;
 	AttrNumber	stale;
+	AttrNumber	lease;
 } ShHistoryCols;
 
 extern const ShHistoryCols *sh_history_cols(TupleDesc desc);
@@ -101,6 +106,7 @@ typedef struct ShKey
 	bool		has_current;	/* has a non-stale report */
 	TimestampTz current_at;		/* stamp of its newest non-stale report */
 	TimestampTz status_since;	/* start of that report's run of its status */
+	TimestampTz expires_at;		/* when that report's lease runs out; SH_NO_STAMP: no lease */
 	char		status[16];
 } ShKey;
 
@@ -138,6 +144,7 @@ typedef struct ShObject
 	TimestampTz current_at;		/* its stamp */
 	ItemPointerData current_tid;	/* its history row, if known (a hint) */
 	TimestampTz status_since;
+	TimestampTz expires_at;		/* its key's expires_at; SH_NO_STAMP: no lease */
 	char		status[16];		/* "" without one */
 	bool		dirty;			/* the objects row differs from this */
 	bool		has_written;	/* the status as last written: what a change is measured by */
@@ -172,7 +179,7 @@ extern bool sh_state_stale(const ShObject *obj, int64 generation, int64 floor,
 						   const char *status, TimestampTz stamp);
 extern void sh_state_note_import(ShObject *obj, bool past);
 extern bool sh_state_repeats_allowed(ShObject *obj);
-extern void sh_state_seen(ShObject *obj, ShKey *key, TimestampTz seen);
+extern void sh_state_seen(ShObject *obj, ShKey *key, TimestampTz seen, int64 lease);
 extern void sh_state_after_row(HeapTuple tuple, TupleDesc desc);
 extern void sh_state_raise_fences(Datum *ids, int n, int64 fence);
 extern void sh_state_write_fences(Datum *ids, int n);
@@ -249,6 +256,17 @@ extern void sh_fence_lock_scope(Datum *ids, int n);
 extern void sh_fence_put_returned_rows(ReturnSetInfo *rsinfo);
 extern void sh_fence_refuse(int64 generation, int64 fence, const char *what);
 extern void sh_check_generation(int64 generation, const char *hint);
+
+/* lease.c */
+extern int64 sh_lease_check(Datum *lease, TimestampTz stamp, const char *status);
+extern int64 sh_lease_usecs(Datum lease);
+extern TimestampTz sh_lease_expiry(TimestampTz from, int64 lease);
+extern bool sh_lease_in_expire(void);
+extern bool sh_lease_still_due(ShObject *obj, ShKey *key, TimestampTz expected);
+extern void sh_lease_init(void);
+
+/* worker.c */
+extern void sh_worker_init(void);
 
 /* prune.c */
 extern bool sh_prune_take_delete(bool row);

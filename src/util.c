@@ -196,6 +196,40 @@ sh_execute_latest(SPIPlanPtr plan, Datum *args, const char *nulls,
 								InvalidSnapshot, read_only, true, count);
 }
 
+/*
+ * The object ids a query selects (its first column; its plan prepared once
+ * into *plan and kept), read as the owner of the state tables against the
+ * newest committed state, into the caller's memory.  Returns how many.
+ */
+int
+sh_read_ids(SPIPlanPtr *plan, const char *sql, int nargs, Oid *types, Datum *args, Datum **ids)
+{
+	MemoryContext outer = CurrentMemoryContext;
+	ShSavedUser saved;
+	int			ret;
+	int			n;
+
+	SPI_connect();
+	sh_become_owner(sh_relation_oid("objects"), &saved);
+	if (*plan == NULL)
+		*plan = sh_prepare_kept(sql, nargs, types);
+	ret = sh_execute_latest(*plan, args, NULL, true, 0);
+	if (ret != SPI_OK_SELECT)
+		elog(ERROR, "status_history: reading object ids failed: %s", SPI_result_code_string(ret));
+	n = (int) SPI_processed;
+	*ids = MemoryContextAlloc(outer, Max(n, 1) * sizeof(Datum));
+	for (int i = 0; i < n; i++)
+	{
+		bool		isnull;
+		Datum		d = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &isnull);
+
+		(*ids)[i] = SPI_datumTransfer(d, false, -1);
+	}
+	sh_restore_user(&saved);
+	SPI_finish();
+	return n;
+}
+
 /* Hash tables keyed by a text pointer (object and replica ids): hash ... */
 uint32
 sh_text_key_hash(const void *key, Size keysize)
@@ -379,6 +413,7 @@ sh_history_cols(TupleDesc desc)
 		history_cols.generation = sh_attnum(desc, "history", "generation");
 		history_cols.reported_at = sh_attnum(desc, "history", "reported_at");
 		history_cols.stale = sh_attnum(desc, "history", "stale");
+		history_cols.lease = sh_attnum(desc, "history", "lease");
 		history_cols_type = desc->tdtypeid;
 		history_cols_natts = desc->natts;
 	}

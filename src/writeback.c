@@ -36,8 +36,9 @@ typedef struct ObjectWrite
 } ObjectWrite;
 
 /* The report columns the object's row copies, by name in both tables. */
-static const char *const report_cols[6] = {"status", "error", "details",
-"replica_id", "generation", "reported_at"};
+#define NREPORT_COLS 7
+static const char *const report_cols[NREPORT_COLS] = {"status", "error", "details",
+"replica_id", "generation", "reported_at", "lease"};
 
 /* sh_rowwriter's modify(): the object's row from the state and the report. */
 static bool
@@ -53,8 +54,10 @@ object_row(TupleDesc desc, Datum *values, bool *isnull, void *arg)
 		sh_row_set(desc, values, isnull, "occurred_at", TimestampTzGetDatum(obj->current_at),
 				   w->report == NULL) &&
 		sh_row_set(desc, values, isnull, "status_since", TimestampTzGetDatum(obj->status_since),
-				   w->report == NULL);
-	for (int i = 0; ok && i < 6; i++)
+				   w->report == NULL) &&
+		sh_row_set(desc, values, isnull, "expires_at", TimestampTzGetDatum(obj->expires_at),
+				   w->report == NULL || obj->expires_at == SH_NO_STAMP);
+	for (int i = 0; ok && i < NREPORT_COLS; i++)
 	{
 		Datum		d = (Datum) 0;
 		bool		null = true;
@@ -72,24 +75,29 @@ static void
 update_object_row(ObjectWrite *w)
 {
 	static SPIPlanPtr plan = NULL;
-	Oid			types[10] = {TEXTOID, TIMESTAMPTZOID, TEXTOID, TEXTOID, JSONBOID,
-		TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT8OID};
-	Datum		args[10];
-	char		nulls[10];
+	Oid			types[12] = {TEXTOID, TIMESTAMPTZOID, TEXTOID, TEXTOID, JSONBOID,
+		TEXTOID, INT8OID, TIMESTAMPTZOID, INTERVALOID, TIMESTAMPTZOID, INT8OID, TIMESTAMPTZOID};
+	Datum		args[12];
+	char		nulls[12];
 	bool		isnull;
 	int			ret;
 
 	memset(nulls, 'n', sizeof(nulls));
 	args[0] = PointerGetDatum(w->obj->id);
 	nulls[0] = ' ';
-	args[9] = Int64GetDatum(w->obj->fence);
-	nulls[9] = ' ';
+	args[10] = Int64GetDatum(w->obj->fence);
+	nulls[10] = ' ';
 	if (w->report != NULL)
 	{
 		args[1] = TimestampTzGetDatum(w->obj->current_at);
-		args[8] = TimestampTzGetDatum(w->obj->status_since);
-		nulls[1] = nulls[8] = ' ';
-		for (int i = 0; i < 6; i++)
+		args[9] = TimestampTzGetDatum(w->obj->status_since);
+		nulls[1] = nulls[9] = ' ';
+		if (w->obj->expires_at != SH_NO_STAMP)
+		{
+			args[11] = TimestampTzGetDatum(w->obj->expires_at);
+			nulls[11] = ' ';
+		}
+		for (int i = 0; i < NREPORT_COLS; i++)
 		{
 			args[2 + i] = slot_getattr(w->report, sh_attnum(w->report->tts_tupleDescriptor,
 															"history", report_cols[i]), &isnull);
@@ -99,10 +107,10 @@ update_object_row(ObjectWrite *w)
 	if (plan == NULL)
 		plan = sh_prepare_kept("UPDATE status_history.objects AS o"
 							   "   SET occurred_at = $2, status = $3, error = $4, details = $5,"
-							   "       replica_id = $6, generation = $7, reported_at = $8,"
-							   "       status_since = $9, fence = $10"
+							   "       replica_id = $6, generation = $7, reported_at = $8, lease = $9,"
+							   "       status_since = $10, fence = $11, expires_at = $12"
 							   " WHERE o.object_id OPERATOR(pg_catalog.=) $1"
-							   " RETURNING o.ctid", 10, types);
+							   " RETURNING o.ctid", 12, types);
 	ret = sh_execute_own(plan, args, nulls);
 	if (ret != SPI_OK_UPDATE_RETURNING || SPI_processed != 1)
 		elog(ERROR, "status_history: writing back object \"%s\" failed: %s",
@@ -206,7 +214,9 @@ key_row(TupleDesc desc, Datum *values, bool *isnull, void *arg)
 		sh_row_set(desc, values, isnull, "status",
 				   k->has_current ? CStringGetTextDatum(k->status) : (Datum) 0, !k->has_current) &&
 		sh_row_set(desc, values, isnull, "status_since", TimestampTzGetDatum(k->status_since),
-				   !k->has_current);
+				   !k->has_current) &&
+		sh_row_set(desc, values, isnull, "expires_at", TimestampTzGetDatum(k->expires_at),
+				   !k->has_current || k->expires_at == SH_NO_STAMP);
 }
 
 /* sh_rowwriter's fill(): a key's first row. */
@@ -226,7 +236,9 @@ new_key_row(TupleDesc desc, Datum *values, bool *isnull, void *arg)
 		sh_row_set(desc, values, isnull, "status",
 				   k->has_current ? CStringGetTextDatum(k->status) : (Datum) 0, !k->has_current) &&
 		sh_row_set(desc, values, isnull, "status_since", TimestampTzGetDatum(k->status_since),
-				   !k->has_current);
+				   !k->has_current) &&
+		sh_row_set(desc, values, isnull, "expires_at", TimestampTzGetDatum(k->expires_at),
+				   !k->has_current || k->expires_at == SH_NO_STAMP);
 }
 
 /* The fallback for a key whose row's TID is not known (or is no longer its row): an upsert. */
@@ -234,10 +246,10 @@ static void
 upsert_key_row(text *object_id, ShKey *k)
 {
 	static SPIPlanPtr plan = NULL;
-	Oid			types[7] = {TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID,
-		TIMESTAMPTZOID, TEXTOID, TIMESTAMPTZOID};
-	Datum		args[7];
-	char		nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	Oid			types[8] = {TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID,
+		TIMESTAMPTZOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID};
+	Datum		args[8];
+	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
 	bool		isnull;
 	int			ret;
 
@@ -248,20 +260,24 @@ upsert_key_row(text *object_id, ShKey *k)
 	args[4] = TimestampTzGetDatum(k->current_at);
 	args[5] = k->has_current ? CStringGetTextDatum(k->status) : (Datum) 0;
 	args[6] = TimestampTzGetDatum(k->status_since);
+	args[7] = TimestampTzGetDatum(k->expires_at);
 	if (k->replica_id == NULL)
 		nulls[1] = 'n';
 	if (!k->has_current)
 		nulls[4] = nulls[5] = nulls[6] = 'n';
+	if (!k->has_current || k->expires_at == SH_NO_STAMP)
+		nulls[7] = 'n';
 	if (plan == NULL)
 		plan = sh_prepare_kept("INSERT INTO status_history.replica_state AS k"
-							   " (object_id, replica_id, last_at, last_seen_at, occurred_at, status, status_since)"
-							   " VALUES ($1, $2, $3, $4, $5, $6, $7)"
+							   " (object_id, replica_id, last_at, last_seen_at, occurred_at, status, status_since,"
+							   "  expires_at)"
+							   " VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
 							   " ON CONFLICT (object_id, replica_id) DO UPDATE"
 							   "   SET last_at = excluded.last_at,"
 							   "       last_seen_at = GREATEST(k.last_seen_at, excluded.last_seen_at),"
 							   "       occurred_at = excluded.occurred_at, status = excluded.status,"
-							   "       status_since = excluded.status_since"
-							   " RETURNING k.ctid", 7, types);
+							   "       status_since = excluded.status_since, expires_at = excluded.expires_at"
+							   " RETURNING k.ctid", 8, types);
 	ret = sh_execute_own(plan, args, nulls);
 	if (ret != SPI_OK_INSERT_RETURNING || SPI_processed != 1)
 		elog(ERROR, "status_history: writing back a key of object \"%s\" failed: %s",

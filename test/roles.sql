@@ -9,7 +9,7 @@
 BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
 CREATE EXTENSION status_history;
-SELECT plan(54);
+SELECT plan(57);
 
 -- The recipe (README, "Roles"): the roles, then the shipped function that
 -- grants each its part (PUBLIC no longer reads).
@@ -49,6 +49,7 @@ SELECT throws_ok($$INSERT INTO status_history.history (occurred_at, object_id, s
                  '42501', 'only superusers and members of the admin role of status_history may supply occurred_at', 'reporter: no imports');
 SELECT throws_ok($$DELETE FROM status_history.history$$, '42501', NULL, 'reporter: no DELETE');
 SELECT throws_ok($$SELECT status_history.prune(1)$$, '42501', NULL, 'reporter: no prune()');
+SELECT throws_ok($$SELECT status_history.expire()$$, '42501', NULL, 'reporter: no expire()');
 -- A hostile search_path: the reporter's own text, timestamptz and int4 in
 -- pg_temp, with checks that note who runs them, and a function that runs a
 -- query in the middle of the INSERT (where the extension writes back).
@@ -82,6 +83,7 @@ SELECT throws_ok($$INSERT INTO status_history.history (occurred_at, object_id, s
 SELECT throws_ok($$UPDATE status_history.objects SET fence = 0$$, '42501', NULL, 'controller: fences only through reconnect()');
 SELECT throws_ok($$SELECT * FROM status_history.statuses$$, '42501', NULL, 'controller: does not read statuses');
 SELECT throws_ok($$SELECT status_history.prune(1)$$, '42501', NULL, 'controller: no prune()');
+SELECT lives_ok($$SELECT status_history.expire()$$, 'controller: expire()');
 -- (Past the privilege check: refused only because this transaction has reported.)
 SELECT throws_ok($$SELECT status_history.retire_replica('gone')$$, '25001', NULL,
                  'controller: may call retire_replica()');
@@ -140,6 +142,7 @@ SELECT throws_ok($$CREATE TRIGGER a_grab BEFORE UPDATE ON status_history.objects
                  'admin: no trigger of its own on the state');
 SELECT throws_ok($$SELECT * FROM status_history.reconnect(9)$$, '42501', NULL, 'admin: no reconnect() unless granted');
 SELECT cmp_ok((SELECT status_history.prune(1)), '>', 0::bigint, 'admin: prune() (r1 has three reports)');
+SELECT lives_ok($$SELECT status_history.expire()$$, 'admin: expire()');
 SELECT is((SELECT count(*) FROM status_history.history WHERE object_id = 'r1'), 1::bigint,
           'admin: prune(1) left r1 its newest report');
 SELECT throws_ok($$SELECT status_history.grant_roles(admin => 'sh_admin', public_reads => true)$$, '42501', NULL,
@@ -163,8 +166,8 @@ SELECT is(
     (SELECT string_agg(p.proname, ', ' ORDER BY p.proname) FROM pg_proc p
       WHERE p.pronamespace = 'status_history'::regnamespace
         AND has_function_privilege('public', p.oid, 'EXECUTE')),
-    'monotonic_now, report, report_many, versions',
-    'PUBLIC executes only monotonic_now(), report() and report_many() (the last two need INSERT), and versions()');
+    'lapse_error, monotonic_now, report, report_many, versions',
+    'PUBLIC executes only lapse_error() (the views call it), monotonic_now(), report() and report_many() (the last two need INSERT), and versions()');
 
 SELECT * FROM finish();
 ROLLBACK;

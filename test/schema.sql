@@ -12,7 +12,7 @@ CREATE SCHEMA evil;
 SET search_path = evil, public;
 CREATE EXTENSION status_history;
 RESET search_path;
-SELECT plan(78);
+SELECT plan(84);
 
 SELECT has_schema('status_history');
 SELECT has_table('status_history', 'history', 'history table exists');
@@ -24,7 +24,7 @@ SELECT has_table('status_history', 'replica_state', 'per-key state table exists'
 SELECT has_view('status_history', 'replica_statuses', 'replica_statuses view exists');
 SELECT columns_are('status_history', 'replica_statuses',
     ARRAY['object_id', 'replica_id', 'status', 'error', 'details', 'generation', 'occurred_at',
-          'status_since', 'reported_at', 'last_at', 'last_seen_at', 'retired'],
+          'status_since', 'reported_at', 'last_at', 'last_seen_at', 'retired', 'expires_at'],
     'replica_statuses has the documented columns');
 
 -- The columns of the history, in this order, with these types.
@@ -35,7 +35,7 @@ SELECT is(
       WHERE attrelid = 'status_history.history'::regclass AND attnum > 0 AND NOT attisdropped),
     'occurred_at timestamp with time zone not null, object_id text not null, status text not null, '
     'error text, details jsonb, replica_id text, generation bigint not null, '
-    'reported_at timestamp with time zone, stale boolean not null',
+    'reported_at timestamp with time zone, stale boolean not null, lease interval',
     'history columns in order, with types and NOT NULL');
 SELECT col_default_is('status_history', 'history', 'generation', '0', 'generation defaults to 0');
 SELECT col_hasnt_default('status_history', 'history', 'stale', 'stale has no default: the insert trigger sets it');
@@ -46,16 +46,17 @@ SELECT col_is_pk('status_history', 'objects', 'object_id', 'one state row per ob
 
 SELECT columns_are('status_history', 'statuses',
     ARRAY['object_id', 'status', 'error', 'details', 'replica_id', 'generation',
-          'occurred_at', 'status_since', 'reported_at', 'fence'],
+          'occurred_at', 'status_since', 'reported_at', 'fence', 'expires_at'],
     'statuses has the documented columns');
 
 SELECT has_function('status_history', 'monotonic_now', '{}'::name[]);
 SELECT function_returns('status_history', 'monotonic_now', '{}'::name[], 'timestamp with time zone');
 SELECT function_lang_is('status_history', 'monotonic_now', '{}'::name[], 'c', 'the clock is C');
 SELECT has_function('status_history', 'report',
-    ARRAY['text', 'text', 'text', 'jsonb', 'text', 'bigint', 'timestamp with time zone']);
+    ARRAY['text', 'text', 'text', 'jsonb', 'text', 'bigint', 'timestamp with time zone', 'interval']);
 SELECT function_returns('status_history', 'report',
-    ARRAY['text', 'text', 'text', 'jsonb', 'text', 'bigint', 'timestamp with time zone'], 'status_history.history');
+    ARRAY['text', 'text', 'text', 'jsonb', 'text', 'bigint', 'timestamp with time zone', 'interval'],
+    'status_history.history');
 SELECT has_function('status_history', 'latest', ARRAY['text[]', 'boolean']);
 SELECT function_returns('status_history', 'latest', ARRAY['text[]', 'boolean'], 'setof status_history.history');
 SELECT function_lang_is('status_history', 'latest', ARRAY['text[]', 'boolean'], 'c', 'latest() is C');
@@ -79,7 +80,7 @@ SELECT is(
     'objects_guard=A, objects_restore_merge=A',
     'the guard and the restore merge on objects fire ALWAYS');
 SELECT has_function('status_history', 'report_many',
-    ARRAY['text[]', 'text[]', 'text[]', 'jsonb[]', 'text[]', 'bigint[]', 'timestamp with time zone[]']);
+    ARRAY['text[]', 'text[]', 'text[]', 'jsonb[]', 'text[]', 'bigint[]', 'timestamp with time zone[]', 'interval[]']);
 SELECT function_lang_is('status_history', 'reconnect', ARRAY['bigint', 'text', 'text[]'], 'c', 'reconnect() is C');
 SELECT has_function('status_history', 'retire_replica', ARRAY['text', 'bigint']);
 SELECT is_definer('status_history', 'retire_replica', ARRAY['text', 'bigint'],
@@ -91,13 +92,22 @@ SELECT function_returns('status_history', 'prune', ARRAY['integer', 'interval'],
 SELECT is_definer('status_history', 'prune', ARRAY['integer', 'interval'],
                   'prune() runs as the owner, for admins granted EXECUTE');
 SELECT function_lang_is('status_history', 'prune', ARRAY['integer', 'interval'], 'c', 'prune() is C');
+SELECT has_function('status_history', 'expire', '{}'::name[]);
+SELECT function_returns('status_history', 'expire', '{}'::name[], 'bigint');
+SELECT is_definer('status_history', 'expire', '{}'::name[],
+                  'expire() runs as the owner, for controllers, admins and the background worker');
+SELECT function_lang_is('status_history', 'expire', '{}'::name[], 'c', 'expire() is C');
+SELECT function_privs_are('status_history', 'expire', '{}'::name[],
+                          'public', '{}', 'expire() is not executable by PUBLIC');
+SELECT col_type_is('status_history', 'replica_state', 'expires_at', 'timestamp with time zone',
+                   'a key keeps when its lease runs out');
 
 -- One status per object by precedence (opt-in): a view with the columns of
 -- statuses and a read-only SQL function returning history rows like latest().
 SELECT has_view('status_history', 'statuses_by_precedence', 'statuses_by_precedence view exists');
 SELECT columns_are('status_history', 'statuses_by_precedence',
     ARRAY['object_id', 'status', 'error', 'details', 'replica_id', 'generation',
-          'occurred_at', 'status_since', 'reported_at', 'fence'],
+          'occurred_at', 'status_since', 'reported_at', 'fence', 'expires_at'],
     'statuses_by_precedence has the columns of statuses');
 SELECT has_function('status_history', 'latest_by_precedence', ARRAY['text[]', 'boolean']);
 SELECT function_returns('status_history', 'latest_by_precedence', ARRAY['text[]', 'boolean'],
@@ -165,7 +175,7 @@ SELECT has_index('status_history', 'replica_state', 'replica_state_replica_idx',
 SELECT function_privs_are('status_history', 'prune', ARRAY['integer', 'interval'],
                           'public', '{}', 'prune() is not executable by PUBLIC');
 SELECT function_privs_are('status_history', 'report_many',
-    ARRAY['text[]', 'text[]', 'text[]', 'jsonb[]', 'text[]', 'bigint[]', 'timestamp with time zone[]'],
+    ARRAY['text[]', 'text[]', 'text[]', 'jsonb[]', 'text[]', 'bigint[]', 'timestamp with time zone[]', 'interval[]'],
     'public', ARRAY['EXECUTE'], 'report_many() is executable by PUBLIC (it needs INSERT on the history)');
 SELECT table_privs_are('status_history', 'floors', 'public', ARRAY['SELECT'],
                        'PUBLIC may read the floors but not change them');

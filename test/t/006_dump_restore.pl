@@ -48,7 +48,20 @@ q1('src', q{
 	-- A heartbeat: the repeat appends no row, only its last_seen_at says it came.
 	SELECT count(*) FROM status_history.report('hb', 'running', replica_id => 'r9', generation => 5);
 	SELECT count(*) FROM status_history.report('hb', 'running', replica_id => 'r9', generation => 5);
+	-- Leases: one renewed by a heartbeat (which only the state tables know), one run out.
+	SELECT count(*) FROM status_history.report('leased', 'running', replica_id => 'r9', generation => 5,
+	                                           lease => '1 hour');
+	SELECT count(*) FROM status_history.report('lapsed', 'running', replica_id => 'r9', generation => 5,
+	                                           lease => '1 microsecond');
 });
+my $first_expiry = q1('src', "SELECT expires_at FROM status_history.statuses WHERE object_id = 'leased'");
+q1('src', q{SELECT pg_sleep(0.01);
+	SELECT count(*) FROM status_history.report('leased', 'running', replica_id => 'r9', generation => 5,
+	                                           lease => '1 hour')});
+is(q1('src', "SELECT expires_at > '$first_expiry' FROM status_history.statuses WHERE object_id = 'leased'"),
+	't', 'the source has a lease renewed by a heartbeat');
+is(q1('src', "SELECT status FROM status_history.statuses WHERE object_id = 'lapsed'"), 'stalled',
+	'the source has a lapsed lease');
 is(q1('src', "SELECT last_seen_at > last_at FROM status_history.replica_state WHERE object_id = 'hb'"), 't',
 	'the source has a key seen after its newest row (a repeat)');
 
@@ -102,6 +115,15 @@ for my $how (sort keys %restores)
 		# A parallel restore may leave a key's last_seen_at at its newest row's
 		# stamp when that row is a controller's copy (README, Backup and
 		# restore): compare the rest, and bound last_seen_at.
+		# The same for a renewed lease's expiry (the objects row and the key's).
+		if ($how =~ /--jobs/ && $what eq 'objects')
+		{
+			$sql = 'SELECT object_id, fence, occurred_at, status, error, details, replica_id, generation,'
+			  . ' reported_at, status_since, lease FROM status_history.objects ORDER BY object_id';
+			$before{jobs_objects} //= q1('src', $sql);
+			ok(q1($db, $sql) eq $before{jobs_objects}, "$how: objects identical to the source but for expires_at");
+			next;
+		}
 		if ($how =~ /--jobs/ && $what eq 'keys')
 		{
 			$sql = 'SELECT object_id, replica_id, last_at, occurred_at, status, status_since'

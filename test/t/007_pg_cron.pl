@@ -66,6 +66,16 @@ cmp_ok(q1('SELECT count(*) FROM expected'), '<', $rows_before, 'prune(2) has row
 my $jobid = q1(q{SELECT cron.schedule('status-history-prune', '* * * * *', 'SELECT status_history.prune(2)')});
 like($jobid, qr/^\d+$/, 'the job is scheduled');
 
+# The README's recipe for leases without the background worker ("Detect dead
+# reporters"), in another database: a reporter that went silent, and
+# expire() scheduled there; it runs in the same minute as prune().
+q1('CREATE DATABASE leases');
+$node->safe_psql('leases', 'CREATE EXTENSION status_history');
+$node->safe_psql('leases', q{SELECT count(*) FROM status_history.report('silent', 'running', replica_id => 'r1', lease => '1 second')});
+my $expire_job = q1(q{SELECT cron.schedule_in_database('status-history-expire', '* * * * *',
+                                                       'SELECT status_history.expire()', 'leases')});
+like($expire_job, qr/^\d+$/, 'the expire() job is scheduled');
+
 # pg_cron runs it at the next minute: wait for a finished run (at most 90 s).
 my $status = '';
 for my $i (1 .. 90)
@@ -109,6 +119,21 @@ is( q1(q{
 is(q1(q{SELECT stale FROM status_history.report('obj-2', 'running', replica_id => 'r1', generation => 1)}),
 	't', 'the dropped object stays dropped');
 
+# The expire() job recorded the lapse readers showed.
+my $lapse = '';
+for my $i (1 .. 90)
+{
+	$lapse = $node->safe_psql('leases', q{SELECT status FROM status_history.history
+	                                       WHERE object_id = 'silent' AND error LIKE 'lease expired: %'});
+	last if $lapse ne '';
+	sleep 1;
+}
+is($lapse, 'stalled', 'the scheduled expire() recorded the lapse')
+  or diag(q1("SELECT string_agg(return_message, '; ') FROM cron.job_run_details WHERE jobid = $expire_job"));
+is($node->safe_psql('leases', q{SELECT status FROM status_history.statuses WHERE object_id = 'silent'}),
+	'stalled', 'and the object shows it');
+
+q1(q{SELECT cron.unschedule('status-history-expire')});
 q1(q{SELECT cron.unschedule('status-history-prune')});
 $node->stop;
 done_testing();
