@@ -34,16 +34,21 @@ if [ "${BENCH_FULL:-0}" = 1 ]; then
     : "${OBJECTS:=100000}" "${PER_OBJECT:=50}" "${BULK:=1000000}" "${GROWTH_OBJECTS:=10000}" "${DURATION:=5}"
     : "${QUESTION_OBJECTS:=100000}"
     : "${RETENTION_OBJECTS:=100000}"
+    : "${EXPIRE_OBJECTS:=100000}"
 else
     : "${OBJECTS:=20000}" "${PER_OBJECT:=50}" "${BULK:=200000}" "${GROWTH_OBJECTS:=5000}" "${DURATION:=3}"
     : "${QUESTION_OBJECTS:=20000}"
     : "${RETENTION_OBJECTS:=10000}"
+    : "${EXPIRE_OBJECTS:=20000}"
 fi
 # Retention (figures 6, 6b): RETENTION_OBJECTS x RETENTION_PER_OBJECT reports,
 # one replica per object; prune(RETENTION_KEEP) against the DELETE, then the
 # latency of CLIENTS reporters alone and while prune(LATENCY_KEEP) runs.
 # Heartbeats (figure 9): CLIENTS x HEARTBEAT_OBJECTS keys.
+# Leases (figure 13): expire() over EXPIRE_OBJECTS lapsed objects; the
+# worker's idle CPU sampled over WORKER_SECONDS per round.
 : "${RETENTION_PER_OBJECT:=50}" "${RETENTION_KEEP:=5}" "${LATENCY_KEEP:=1}" "${HEARTBEAT_OBJECTS:=100}"
+: "${WORKER_SECONDS:=15}"
 
 : "${QUESTION_PER_OBJECT:=10}"
 : "${GROWTH:=10}" "${RUNS:=3}" "${REPS:=5}" "${CLIENTS:=8}"
@@ -53,21 +58,29 @@ work=$(mktemp -d /tmp/status_history_bench.XXXXXX)
 chmod 755 "$work"
 as_pg() { if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 [ "$(id -u)" -eq 0 ] && chown postgres "$work"
-stop() { as_pg "$pgbin/pg_ctl" -D "$work/data" -m fast stop >/dev/null 2>&1 || true; [ -n "${BENCH_KEEP:-}" ] || rm -rf "$work"; }
+stop() {
+    as_pg "$pgbin/pg_ctl" -D "$work/data" -m fast stop >/dev/null 2>&1 || true
+    [ ! -d "$work/data2" ] || as_pg "$pgbin/pg_ctl" -D "$work/data2" -m fast stop >/dev/null 2>&1 || true
+    [ -n "${BENCH_KEEP:-}" ] || rm -rf "$work"
+}
 trap stop EXIT
 as_pg "$pgbin/initdb" -D "$work/data" -A trust >/dev/null
-cat >>"$work/data/postgresql.conf" <<EOF
+# conf DATA PORT: where to listen, and the tuned settings unless BENCH_DEFAULT_CONF=1.
+conf() {
+    cat >>"$1/postgresql.conf" <<EOF
 listen_addresses = ''
-port = 54340
+port = $2
 unix_socket_directories = '$work'
 EOF
-[ "${BENCH_DEFAULT_CONF:-0}" = 1 ] || cat >>"$work/data/postgresql.conf" <<EOF
+    [ "${BENCH_DEFAULT_CONF:-0}" = 1 ] || cat >>"$1/postgresql.conf" <<EOF
 shared_buffers = '2GB'
 max_wal_size = '16GB'
 checkpoint_timeout = '30min'
 synchronous_commit = off
 work_mem = '4MB'
 EOF
+}
+conf "$work/data" 54340
 as_pg "$pgbin/pg_ctl" -D "$work/data" -l "$work/server.log" -w start >/dev/null
 export PGHOST="$work" PGPORT=54340 PGUSER=postgres PGDATABASE=postgres
 q() { psql -X -q -At -v ON_ERROR_STOP=1 -c "$1"; }
@@ -125,11 +138,11 @@ load_base="INSERT INTO plain (occurred_at, object_id, status, replica_id)
            SELECT clock_timestamp(), 'obj-' || (i % $OBJECTS), $statuses[1 + (i / $OBJECTS) % 5], 'r' || (i % 3)
              FROM generate_series(0, $n - 1) AS i"
 # The load feeds figures 3, mem, 3b's baseline sizes, 4, 1 and 5; FIGURES naming
-# only the retention figures (6, 6b, 9), which load data of their own, skip it.
+# only figures that load data of their own (6, 6b, 9, 12, 13) skip it.
 main_load=1
 if [ -n "${FIGURES:-}" ]; then
     main_load=0
-    for f in $FIGURES; do case $f in 6|6b|9|12) ;; *) main_load=1 ;; esac; done
+    for f in $FIGURES; do case $f in 6|6b|9|12|13) ;; *) main_load=1 ;; esac; done
 fi
 if [ "$main_load" = 1 ]; then
 echo "-- loading $n reports into each (timed as a bulk append)"
@@ -510,6 +523,198 @@ row "9. heartbeats: repeats vs appending reports, $CLIENTS clients" "$CLIENTS x 
 row "9. history rows added by $repeats repeats" "$CLIENTS x $HEARTBEAT_OBJECTS keys" "$added" "-" rows count 0
 fi
 
+# --- 13. leases ----------------------------------------------------------------------------
+# Databases of their own.  RUNS rounds of each comparison, which side goes
+# first alternating by round; medians, and every round's value printed.
+if want 13; then
+# 13a. report() with lease => '30 seconds' against the same without, OBJECTS
+# objects (one report each beforehand, replica r1): reports that append (a
+# random object, status and details: never a repeat), and heartbeats (each
+# client repeats 'running' on HEARTBEAT_OBJECTS keys of its own: a repeat
+# appends no row either way and moves the key's last_seen_at; with the lease
+# it also renews it, an update of the object's row as well).  Before each heartbeat run its keys are
+# set to the repeated report (not timed), so that every timed call repeats.
+q "CREATE DATABASE leases"
+PGDATABASE=leases psql -X -q -v ON_ERROR_STOP=1 -f bench/setup.sql >/dev/null
+lq() { PGDATABASE=leases q "$1"; }
+lq "INSERT INTO status_history.history (object_id, status, replica_id)
+    SELECT 'l-' || i, 'running', 'r1' FROM generate_series(0, $OBJECTS - 1) AS i"
+lq "VACUUM ANALYZE"
+la_ext=$(script lease_append_ext "\\set obj random(0, $((OBJECTS - 1)))
+\\set st random(1, 5)
+\\set n random(1, 1000000000)
+SELECT status_history.report('l-' || :obj, $statuses[:st], details => jsonb_build_object('n', :n), replica_id => 'r1', lease => '30 seconds');")
+la_base=$(script lease_append_base "\\set obj random(0, $((OBJECTS - 1)))
+\\set st random(1, 5)
+\\set n random(1, 1000000000)
+SELECT status_history.report('l-' || :obj, $statuses[:st], details => jsonb_build_object('n', :n), replica_id => 'r1');")
+lh_ext=$(script lease_hb_ext "\\set k random(1, $HEARTBEAT_OBJECTS)
+SELECT status_history.report('hl-' || :client_id || '-' || :k, 'running', replica_id => 'w' || :client_id, lease => '30 seconds');")
+lh_base=$(script lease_hb_base "\\set k random(1, $HEARTBEAT_OBJECTS)
+SELECT status_history.report('hn-' || :client_id || '-' || :k, 'running', replica_id => 'w' || :client_id);")
+lh_seed() {   # lh_seed PREFIX LEASE_ARGUMENT
+    lq "SELECT count(*) FROM (SELECT status_history.report('$1-' || c || '-' || k, 'running', replica_id => 'w' || c$2)
+          FROM generate_series(0, $CLIENTS - 1) AS c, generate_series(1, $HEARTBEAT_OBJECTS) AS k) AS s" >/dev/null
+}
+lease_tps() {   # lease_tps CLIENTS SCRIPT
+    local jobs=$(( $1 < 2 ? 1 : 2 ))
+    PGDATABASE=leases pgbench -n -c "$1" -j "$jobs" -T "$DURATION" -f "$2" 2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p'
+}
+hist_rows() { lq "SELECT count(*) FROM status_history.history WHERE object_id LIKE '$1-%'"; }
+for c in 1 "$CLIENTS"; do
+    lq "CHECKPOINT"
+    e=(); b=()
+    for r in $(seq "$RUNS"); do
+        if [ $((r % 2)) = 1 ]; then e+=("$(lease_tps "$c" "$la_ext")"); b+=("$(lease_tps "$c" "$la_base")")
+        else b+=("$(lease_tps "$c" "$la_base")"); e+=("$(lease_tps "$c" "$la_ext")"); fi
+    done
+    echo "  13a. appending reports, $c clients: with lease ${e[*]} tps, without ${b[*]} tps"
+    row "13a. appending report() with lease vs without, $c clients" "$OBJECTS objects" "$(median "${e[@]}")" "$(median "${b[@]}")" tps rate 0.95
+    lq "CHECKPOINT"
+    e=(); b=(); he=0; hb=0
+    for r in $(seq "$RUNS"); do
+        lh_seed hl ", lease => '30 seconds'"; lh_seed hn ""
+        x0=$(hist_rows hl); y0=$(hist_rows hn)
+        if [ $((r % 2)) = 1 ]; then e+=("$(lease_tps "$c" "$lh_ext")"); b+=("$(lease_tps "$c" "$lh_base")")
+        else b+=("$(lease_tps "$c" "$lh_base")"); e+=("$(lease_tps "$c" "$lh_ext")"); fi
+        he=$((he + $(hist_rows hl) - x0)); hb=$((hb + $(hist_rows hn) - y0))
+    done
+    echo "  13a. heartbeats (repeats), $c clients: with lease ${e[*]} tps (history rows added: $he), without ${b[*]} tps (added: $hb)"
+    row "13a. heartbeat (repeat) with lease (renews) vs without, $c clients" "$c x $HEARTBEAT_OBJECTS keys" "$(median "${e[@]}")" "$(median "${b[@]}")" tps rate -
+done
+q "DROP DATABASE leases"
+
+# 13b. every object's current status through statuses, every column the view
+# derives read (status, error, details, status_since, reported_at), over
+# OBJECTS objects whose current reports have leases, every other one lapsed
+# (readers derive the lapse: no worker runs in this cluster), against the same
+# objects without leases, each in a database of its own.  The aggregates are
+# timed as a statement (bench_median_stmt_ms: wall time, planning included):
+# under bench_median_ms's count(*) the planner drops unread outputs, so
+# nothing the view derives would be computed -- as in the second row, the
+# scan and the view's filter alone.
+ls_load() {   # ls_load DATABASE LEASE_EXPRESSION
+    q "CREATE DATABASE $1"
+    PGDATABASE=$1 psql -X -q -v ON_ERROR_STOP=1 -f bench/setup.sql >/dev/null
+    PGDATABASE=$1 q "INSERT INTO status_history.history (object_id, status, details, replica_id, lease)
+        SELECT 's-' || i, $statuses[1 + i / 2 % 5], jsonb_build_object('n', i), 'r1', $2
+          FROM generate_series(0, $OBJECTS - 1) AS i"
+    PGDATABASE=$1 q "VACUUM ANALYZE"
+}
+ls_load lease_on "CASE WHEN i % 2 = 0 THEN interval '1 microsecond' ELSE interval '1 hour' END"
+ls_load lease_off "NULL::interval"
+lapsed=$(PGDATABASE=lease_on q "SELECT count(*) FILTER (WHERE error LIKE 'lease expired: %') || ' of ' || count(*) FROM status_history.statuses")
+echo "  13b. lease_on: $lapsed objects show a lapse"
+all_cols="SELECT count(*), max(status), max(error), max(status_since), max(reported_at), count(details), max(expires_at) FROM status_history.statuses"
+e=(); b=(); es=(); bs=()
+for r in $(seq "$RUNS"); do
+    if [ $((r % 2)) = 1 ]; then
+        e+=("$(PGDATABASE=lease_on q "SELECT bench_median_stmt_ms('$all_cols', $REPS)")"); b+=("$(PGDATABASE=lease_off q "SELECT bench_median_stmt_ms('$all_cols', $REPS)")")
+    else
+        b+=("$(PGDATABASE=lease_off q "SELECT bench_median_stmt_ms('$all_cols', $REPS)")"); e+=("$(PGDATABASE=lease_on q "SELECT bench_median_stmt_ms('$all_cols', $REPS)")")
+    fi
+    es+=("$(PGDATABASE=lease_on q "SELECT bench_median_ms('SELECT * FROM status_history.statuses', $REPS)")")
+    bs+=("$(PGDATABASE=lease_off q "SELECT bench_median_ms('SELECT * FROM status_history.statuses', $REPS)")")
+done
+echo "  13b. statuses, every derived column: with leases ${e[*]} ms, without ${b[*]} ms; count(*) over SELECT *: ${es[*]} ms, ${bs[*]} ms"
+row "13b. statuses (every derived column), leases half lapsed vs no leases" "$OBJECTS objects" "$(median "${e[@]}")" "$(median "${b[@]}")" ms time 1.2
+row "13b. statuses (count(*) over SELECT *), leases half lapsed vs no leases" "$OBJECTS objects" "$(median "${es[@]}")" "$(median "${bs[@]}")" ms time -
+q "DROP DATABASE lease_on"
+q "DROP DATABASE lease_off"
+
+# 13c. expire() over EXPIRE_OBJECTS lapsed objects (one report each, all lapsed)
+# against an INSERT ... SELECT of as many lapse-like rows into the history,
+# each in a subtransaction rolled back (bench_rolled_back_ms), so that every
+# round records the same lapses.
+q "CREATE DATABASE lapses"
+PGDATABASE=lapses psql -X -q -v ON_ERROR_STOP=1 -f bench/setup.sql >/dev/null
+xq() { PGDATABASE=lapses q "$1"; }
+xq "INSERT INTO status_history.history (object_id, status, replica_id, lease)
+    SELECT 'x-' || i, 'running', 'r1', interval '1 microsecond' FROM generate_series(0, $EXPIRE_OBJECTS - 1) AS i"
+xq "VACUUM ANALYZE"
+exp_sql="SELECT status_history.expire()"
+ins_sql="WITH i AS (INSERT INTO status_history.history (object_id, status, error, replica_id, reported_at)
+                SELECT 'x-' || i, 'stalled', 'lease expired: no report from replica r1 since 2026-12-01 10:00:00.000000+00', 'r1', now()
+                  FROM generate_series(0, $EXPIRE_OBJECTS - 1) AS i RETURNING 1)
+         SELECT count(*) FROM i"
+e=(); b=(); en=""; bn=""
+for r in $(seq "$RUNS"); do
+    xq "CHECKPOINT"
+    if [ $((r % 2)) = 1 ]; then
+        read -r t en <<<"$(xq "SELECT ms || ' ' || n FROM bench_rolled_back_ms(\$\$$exp_sql\$\$)")"; e+=("$t")
+        read -r t bn <<<"$(xq "SELECT ms || ' ' || n FROM bench_rolled_back_ms(\$\$$ins_sql\$\$)")"; b+=("$t")
+    else
+        read -r t bn <<<"$(xq "SELECT ms || ' ' || n FROM bench_rolled_back_ms(\$\$$ins_sql\$\$)")"; b+=("$t")
+        read -r t en <<<"$(xq "SELECT ms || ' ' || n FROM bench_rolled_back_ms(\$\$$exp_sql\$\$)")"; e+=("$t")
+    fi
+done
+echo "  13c. expire() recording $en lapses: ${e[*]} ms; INSERT ... SELECT of $bn rows: ${b[*]} ms"
+[ "$en" = "$EXPIRE_OBJECTS" ] || echo "  WARNING: expire() recorded $en lapses, not $EXPIRE_OBJECTS"
+row "13c. expire() vs INSERT ... SELECT of as many rows into the history" "$EXPIRE_OBJECTS lapsed objects" "$(median "${e[@]}")" "$(median "${b[@]}")" ms time 2
+q "DROP DATABASE lapses"
+
+# 13d. the background worker's idle cost, on a second cluster (the same
+# settings, plus shared_preload_libraries = 'status_history'; the main
+# cluster does not preload, so no worker records the lapses the figures above
+# rely on): the CPU time of the database's expire worker (utime + stime of
+# /proc/<pid>/stat, and the nanoseconds of /proc/<pid>/schedstat) over
+# WORKER_SECONDS, per minute, with nothing to expire (leases of an hour), at 0,
+# OBJECTS and 4 x OBJECTS objects; RUNS rounds each.  Also one expire() call
+# timed at each size (the median of 21 in one session).
+as_pg "$pgbin/initdb" -D "$work/data2" -A trust >/dev/null
+conf "$work/data2" 54341
+echo "shared_preload_libraries = 'status_history'" >>"$work/data2/postgresql.conf"
+as_pg "$pgbin/pg_ctl" -D "$work/data2" -l "$work/server2.log" -w start >/dev/null
+wq() { PGPORT=54341 q "$1"; }
+PGPORT=54341 psql -X -q -v ON_ERROR_STOP=1 -f bench/setup.sql >/dev/null
+interval_ms=$(wq "SHOW status_history.expire_interval")
+wpid=""
+for _ in $(seq 150); do
+    wpid=$(wq "SELECT pid FROM pg_stat_activity WHERE backend_type = 'status_history expire worker' AND datname = current_database()")
+    [ -z "$wpid" ] || break
+    sleep 0.2
+done
+[ -n "$wpid" ] || { echo "13d: no expire worker started in 30s (see $work/server2.log)" >&2; exit 1; }
+lpid=$(wq "SELECT pid FROM pg_stat_activity WHERE backend_type = 'status_history launcher'")
+tick=$(getconf CLK_TCK)
+cpu_ms() {   # cpu_ms PID: "stat_ms schedstat_ms"
+    awk -v t="$tick" '{sub(/^.*\) /, ""); printf "%.3f ", ($12 + $13) * 1000 / t}' "/proc/$1/stat"
+    if [ -r "/proc/$1/schedstat" ]; then awk '{printf "%.3f\n", $1 / 1e6}' "/proc/$1/schedstat"; else echo "-"; fi
+}
+loaded=0
+for size in 0 "$OBJECTS" $((4 * OBJECTS)); do
+    if [ "$size" -gt "$loaded" ]; then
+        wq "INSERT INTO status_history.history (object_id, status, replica_id, lease)
+            SELECT 'w-' || i, 'running', 'r1', interval '1 hour' FROM generate_series($loaded, $size - 1) AS i"
+        wq "VACUUM ANALYZE"
+        loaded=$size
+    fi
+    # (in one session, as the worker calls it: a new session's first call also
+    # pays for its caches and plans)
+    call_ms=$(wq "SELECT round(bench_median_stmt_ms('SELECT status_history.expire()', 21)::numeric, 3)")
+    sleep 2
+    st=(); ss=(); ls=()
+    for _ in $(seq "$RUNS"); do
+        read -r s0 n0 <<<"$(cpu_ms "$wpid")"; read -r l0 _ <<<"$(cpu_ms "$lpid")"; t0=$(date +%s.%N)
+        sleep "$WORKER_SECONDS"
+        read -r s1 n1 <<<"$(cpu_ms "$wpid")"; read -r l1 _ <<<"$(cpu_ms "$lpid")"; t1=$(date +%s.%N)
+        st+=("$(awk -v a="$s0" -v b="$s1" -v t0="$t0" -v t1="$t1" 'BEGIN {printf "%.1f", (b - a) * 60 / (t1 - t0)}')")
+        ss+=("$(awk -v a="$n0" -v b="$n1" -v t0="$t0" -v t1="$t1" 'BEGIN {if (a == "-") print "-"; else printf "%.1f", (b - a) * 60 / (t1 - t0)}')")
+        ls+=("$(awk -v a="$l0" -v b="$l1" -v t0="$t0" -v t1="$t1" 'BEGIN {printf "%.1f", (b - a) * 60 / (t1 - t0)}')")
+    done
+    [ "$(wq "SELECT pid FROM pg_stat_activity WHERE backend_type = 'status_history expire worker' AND datname = current_database()")" = "$wpid" ] ||
+        echo "  WARNING: the expire worker was restarted during the measurement"
+    echo "  13d. expire worker (pid $wpid, interval ${interval_ms}) over $size objects with leases that do not lapse: ms CPU per minute, stat ${st[*]}; schedstat ${ss[*]}; launcher (stat) ${ls[*]}; one expire() call ${call_ms} ms"
+    if [ "${ss[0]}" = - ]; then
+        row "13d. expire worker idle: ms CPU per minute (stat)" "$size objects" "$(median "${st[@]}")" "-" "ms/min" value -
+    else
+        row "13d. expire worker idle: ms CPU per minute (schedstat)" "$size objects" "$(median "${ss[@]}")" "-" "ms/min" value -
+    fi
+    row "13d. one expire() call with nothing to expire" "$size objects" "$call_ms" "-" ms value -
+done
+as_pg "$pgbin/pg_ctl" -D "$work/data2" -m fast stop >/dev/null
+fi
+
 # --- the table ------------------------------------------------------------------------
 echo
 echo "| operation | size | extension | baseline | unit | ratio (ext/base) | target | met |"
@@ -517,6 +722,7 @@ echo "|---|---|---:|---:|---|---:|---|---|"
 awk -F'\t' '{
     op = $1; size = $2; e = $3; b = $4; unit = $5; kind = $6; target = $7
     if (kind == "n/a") { printf "| %s | %s | - | - | - | - | %s | - |\n", op, size, target; next }
+    if (kind == "value") { printf "| %s | %s | %s | - | %s | - | %s | - |\n", op, size, e, unit, target; next }
     if (kind == "count") { printf "| %s | %s | %s | - | %s | - | = %s | %s |\n", op, size, e, unit, target, (e == target) ? "yes" : "NO"; next }
     ratio = (b > 0) ? e / b : 0
     if (target == "-") { t = "-"; met = "-" }
