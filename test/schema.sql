@@ -12,7 +12,7 @@ CREATE SCHEMA evil;
 SET search_path = evil, public;
 CREATE EXTENSION status_history;
 RESET search_path;
-SELECT plan(84);
+SELECT plan(88);
 
 SELECT has_schema('status_history');
 SELECT has_table('status_history', 'history', 'history table exists');
@@ -101,6 +101,11 @@ SELECT function_privs_are('status_history', 'expire', '{}'::name[],
                           'public', '{}', 'expire() is not executable by PUBLIC');
 SELECT col_type_is('status_history', 'replica_state', 'expires_at', 'timestamp with time zone',
                    'a key keeps when its lease runs out');
+SELECT has_function('status_history', 'stable_horizon', '{}'::name[]);
+SELECT function_lang_is('status_history', 'stable_horizon', '{}'::name[], 'c', 'the horizon is C');
+SELECT function_returns('status_history', 'changes', ARRAY['timestamp with time zone', 'integer', 'boolean'],
+                        'setof status_history.history');
+SELECT has_table('status_history', 'feed', 'the change feed''s table exists');
 
 -- One status per object by precedence (opt-in): a view with the columns of
 -- statuses and a read-only SQL function returning history rows like latest().
