@@ -459,11 +459,14 @@ COMMENT ON FUNCTION status_history.report_many(text[], text[], text[], jsonb[], 
     'Appends a batch of reports (element i of each array is report i) after locking their objects in one fixed order, so that batches never deadlock; returns the stored rows.';
 
 -- The error of a lapse, as readers show it and expire() records it: the
--- same text in every session (UTC, whatever the session's TimeZone).
+-- same text in every session (UTC, whatever the session's TimeZone).  The
+-- one function without a pinned search_path: a SET clause would keep it
+-- from being inlined into the views (a call per lapsed row cost 7x a scan
+-- of statuses, docs/BENCHMARKS.md); every name and operator in it is
+-- qualified instead, so a caller's search_path cannot change it.
 CREATE FUNCTION status_history.lapse_error(replica_id text, seen_at timestamptz)
 RETURNS text
 LANGUAGE sql STABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT 'lease expired: no report'
            OPERATOR(pg_catalog.||) COALESCE(' from replica ' OPERATOR(pg_catalog.||) replica_id, '')
