@@ -160,6 +160,37 @@ SELECT status, stale FROM status_history.report('f', 'running', replica_id => 'r
                                                 lease => '1 hour');
 SELECT status FROM status_history.statuses WHERE object_id = 'f';
 
+-- Two replicas that say the same: the newest one's report is current, and
+-- the other's heartbeat (a repeat of it) holds the object too.
+SELECT count(*) FROM status_history.report('two', 'running', replica_id => 'r1', lease => '1 hour');
+SELECT count(*) FROM status_history.report('two', 'running', replica_id => 'r2', lease => '1 hour');
+SELECT pg_sleep(0.01);
+SELECT count(*) FROM status_history.report('two', 'running', replica_id => 'r1', lease => '1 hour');
+SELECT count(*) AS rows_of_two FROM status_history.history WHERE object_id = 'two';
+SELECT o.replica_id AS current_from, o.expires_at = k1.expires_at AS held_by_r1, o.expires_at > k2.expires_at AS past_r2s
+  FROM status_history.objects AS o
+  JOIN status_history.replica_state AS k1 ON k1.object_id = o.object_id AND k1.replica_id = 'r1'
+  JOIN status_history.replica_state AS k2 ON k2.object_id = o.object_id AND k2.replica_id = 'r2'
+ WHERE o.object_id = 'two';
+
+-- expire() called from inside a statement whose earlier row reported on a
+-- lapsed object (stored, not folded yet): that report renewed the lease,
+-- so no lapse is recorded over it.
+SELECT count(*) FROM status_history.report('n', 'running', replica_id => 'r1', lease => '1 microsecond');
+SELECT pg_sleep(0.01);
+INSERT INTO status_history.history (object_id, status, replica_id, lease)
+VALUES ('n', 'paused', 'r1', '1 hour'), ('n-' || status_history.expire(), 'running', NULL, NULL);
+SELECT string_agg(status || coalesce(' ' || lease, ''), ', ' ORDER BY occurred_at) AS n_history
+  FROM status_history.history WHERE object_id = 'n';
+SELECT status, expires_at > now() AS holds FROM status_history.statuses WHERE object_id = 'n';
+
+-- reconnect() re-stamps what readers show: a lapsed report's lapse.
+SELECT count(*) FROM status_history.report('rc', 'running', replica_id => 'r1', lease => '1 microsecond');
+SELECT pg_sleep(0.01);
+SELECT status, error LIKE 'lease expired: no report from replica r1 since %' AS lapse, lease IS NULL AS no_lease
+  FROM status_history.reconnect(4, object_ids => ARRAY['rc']);
+SELECT status, expires_at IS NULL AS no_lease FROM status_history.statuses WHERE object_id = 'rc';
+
 -- report_many() takes leases too.
 SELECT object_id, lease FROM status_history.report_many(ARRAY['m1', 'm2'], ARRAY['running', 'running'],
                                                         leases => ARRAY['1 hour', NULL]::interval[]);

@@ -349,11 +349,14 @@ COMMENT ON FUNCTION status_history.latest(text[], boolean) IS
 
 -- @@ leases: a lapse as readers show it
 -- The error of a lapse, as readers show it and expire() records it: the
--- same text in every session (UTC, whatever the session's TimeZone).
+-- same text in every session (UTC, whatever the session's TimeZone).  The
+-- one function without a pinned search_path: a SET clause would keep it
+-- from being inlined into the views (a call per lapsed row cost 7x a scan
+-- of statuses, docs/BENCHMARKS.md); every name and operator in it is
+-- qualified instead, so a caller's search_path cannot change it.
 CREATE FUNCTION status_history.lapse_error(replica_id text, seen_at timestamptz)
 RETURNS text
 LANGUAGE sql STABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT 'lease expired: no report'
            OPERATOR(pg_catalog.||) COALESCE(' from replica ' OPERATOR(pg_catalog.||) replica_id, '')
@@ -674,6 +677,51 @@ COMMENT ON FUNCTION status_history.expire() IS
 -- Not for PUBLIC: the controller's and the admin's (apply_privileges() below).
 
 -- ---------------------------------------------------------------------------
+-- The change feed: following the history in stamp order, missing nothing.
+-- ---------------------------------------------------------------------------
+-- @@ change feed
+CREATE TABLE status_history.feed (
+    singleton      boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    pruned_through timestamptz
+);
+INSERT INTO status_history.feed DEFAULT VALUES;
+
+COMMENT ON TABLE status_history.feed IS
+    'The change feed''s one row: how far prune() has removed rows. Maintained by the extension only.';
+COMMENT ON COLUMN status_history.feed.singleton IS 'Always true: the table has one row.';
+COMMENT ON COLUMN status_history.feed.pruned_through IS
+    'The newest stamp prune() removed: a consumer of changes() behind it may have lost rows. NULL: nothing pruned.';
+
+-- The horizon as the primary last gave it out, WAL-logged (not
+-- transactional): a standby's horizon, and the floor of imports after a
+-- restart.  Microseconds since 2000-01-01 UTC; not called yet: none.
+CREATE SEQUENCE status_history.feed_horizon AS bigint
+    MINVALUE -9223372036854775807 START -9223372036854775807;
+COMMENT ON SEQUENCE status_history.feed_horizon IS
+    'The stable horizon the primary last gave out (microseconds since 2000-01-01 UTC), as a standby reads it. Maintained by the extension.';
+
+CREATE FUNCTION status_history.stable_horizon()
+RETURNS timestamptz
+AS 'MODULE_PATHNAME', 'status_history_stable_horizon'
+LANGUAGE C VOLATILE
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION status_history.stable_horizon() IS
+    'A stamp below which every row of the history is committed or will never exist: the oldest stamp a running or prepared transaction holds, else the next stamp. Never goes back.';
+
+CREATE FUNCTION status_history.changes(
+    after       timestamptz DEFAULT NULL,
+    max_rows    integer     DEFAULT 1000,
+    skip_pruned boolean     DEFAULT false)
+RETURNS SETOF status_history.history
+AS 'MODULE_PATHNAME', 'status_history_changes'
+LANGUAGE C VOLATILE
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION status_history.changes(timestamptz, integer, boolean) IS
+    'The history rows stamped after after and below stable_horizon(), oldest first, at most max_rows: loop changes(the last stamp returned) to see every committed row once, in stamp order. Fails (55000) when prune() removed rows after after, unless skip_pruned.';
+
+-- ---------------------------------------------------------------------------
 -- History questions.
 -- ---------------------------------------------------------------------------
 -- @@ history questions
@@ -767,7 +815,8 @@ DECLARE
     everyone_functions CONSTANT text := 'status_history.monotonic_now(), status_history.versions(),'
         ' status_history.report(text, text, text, jsonb, text, bigint, timestamptz, interval),'
         ' status_history.report_many(text[], text[], text[], jsonb[], text[], bigint[], timestamptz[], interval[]),'
-        ' status_history.lapse_error(text, timestamptz)';
+        ' status_history.lapse_error(text, timestamptz),'
+        ' status_history.stable_horizon(), status_history.changes(timestamptz, integer, boolean)';
     controller_functions CONSTANT text := 'status_history.reconnect(bigint, text, text[]),'
         ' status_history.retire_replica(text, bigint), status_history.expire()';
     admin_functions CONSTANT text := 'status_history.prune(integer, interval), status_history.expire()';

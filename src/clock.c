@@ -368,6 +368,16 @@ sh_clock_next(void)
 
 	clock_check_writable();
 	slot = clock_ready();
+	/* The change feed's hold first, then the stamp (horizon.c). */
+	if (!sh_horizon_holding())
+	{
+		TimestampTz newest;
+
+		LWLockAcquire(&clock_shared->lock, LW_SHARED);
+		newest = slot->last;
+		LWLockRelease(&clock_shared->lock);
+		sh_horizon_before_stamp(newest);
+	}
 	for (;;)
 	{
 		TimestampTz now = GetCurrentTimestamp();

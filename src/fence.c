@@ -446,10 +446,17 @@ append_copies(ReturnSetInfo *rsinfo, Datum *ids, int n, int64 generation,
 		current_plan = sh_prepare_kept(
 									   "INSERT INTO status_history.history AS h"
 									   " (object_id, status, error, details, replica_id, generation, reported_at, lease)"
-									   " SELECT o.object_id, o.status, o.error, o.details, o.replica_id, $2, o.reported_at,"
-									   "        o.lease"
+									   " SELECT o.object_id,"
+									   "        CASE WHEN l.lapsed THEN 'stalled' ELSE o.status END,"
+									   "        CASE WHEN l.lapsed THEN status_history.lapse_error(o.replica_id,"
+									   "                 o.expires_at OPERATOR(pg_catalog.-) o.lease) ELSE o.error END,"
+									   "        CASE WHEN l.lapsed THEN NULL ELSE o.details END,"
+									   "        o.replica_id, $2,"
+									   "        CASE WHEN l.lapsed THEN o.expires_at ELSE o.reported_at END,"
+									   "        CASE WHEN l.lapsed THEN NULL ELSE o.lease END"
 									   "   FROM pg_catalog.unnest($1) WITH ORDINALITY AS s(id, n)"
 									   "   JOIN status_history.objects AS o ON o.object_id OPERATOR(pg_catalog.=) s.id"
+									   "  CROSS JOIN LATERAL (SELECT o.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now() AS lapsed) AS l"
 									   "  WHERE o.occurred_at IS NOT NULL AND o.status OPERATOR(pg_catalog.<>) 'dropped'"
 									   "  ORDER BY s.n"
 									   " RETURNING h", 3, types);
@@ -460,14 +467,21 @@ append_copies(ReturnSetInfo *rsinfo, Datum *ids, int n, int64 generation,
 		replica_plan = sh_prepare_kept(
 									   "INSERT INTO status_history.history AS h"
 									   " (object_id, status, error, details, replica_id, generation, reported_at, lease)"
-									   " SELECT o.object_id, r.status, r.error, r.details, r.replica_id, $2, r.reported_at,"
-									   "        r.lease"
+									   " SELECT o.object_id,"
+									   "        CASE WHEN l.lapsed THEN 'stalled' ELSE r.status END,"
+									   "        CASE WHEN l.lapsed THEN status_history.lapse_error(r.replica_id,"
+									   "                 k.expires_at OPERATOR(pg_catalog.-) r.lease) ELSE r.error END,"
+									   "        CASE WHEN l.lapsed THEN NULL ELSE r.details END,"
+									   "        r.replica_id, $2,"
+									   "        CASE WHEN l.lapsed THEN k.expires_at ELSE r.reported_at END,"
+									   "        CASE WHEN l.lapsed THEN NULL ELSE r.lease END"
 									   "   FROM pg_catalog.unnest($1) WITH ORDINALITY AS s(id, n)"
 									   "   JOIN status_history.objects AS o ON o.object_id OPERATOR(pg_catalog.=) s.id"
 									   "   JOIN status_history.replica_state AS k"
 									   "     ON k.object_id OPERATOR(pg_catalog.=) o.object_id"
 									   "    AND k.replica_id OPERATOR(pg_catalog.=) $3"
 									   "   JOIN status_history.history AS r ON r.occurred_at OPERATOR(pg_catalog.=) k.occurred_at"
+									   "  CROSS JOIN LATERAL (SELECT k.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now() AS lapsed) AS l"
 									   "  WHERE o.occurred_at IS NOT NULL AND o.status OPERATOR(pg_catalog.<>) 'dropped'"
 									   "  ORDER BY s.n"
 									   " RETURNING h", 3, types);
@@ -552,7 +566,6 @@ status_history_reconnect(PG_FUNCTION_ARGS)
 
 	PG_TRY();
 	{
-		sh_fence_set_in_reconnect(true);
 		if (PG_ARGISNULL(2))
 		{
 			(void) raise_floor(generation, replica_id, replica_null, false);
@@ -587,6 +600,11 @@ status_history_reconnect(PG_FUNCTION_ARGS)
 		sh_state_settle();
 		/* Raised fences are written with the copies' write-backs, or after them. */
 		sh_state_raise_fences(ids, n, generation);
+		/*
+		 * Only now: the rows folded before (a caller's earlier reports)
+		 * are reports, not copies.
+		 */
+		sh_fence_set_in_reconnect(true);
 		if (n > 0)
 			append_copies(rsinfo, ids, n, generation, replica_id, replica_null);
 		sh_state_write_fences(ids, n);

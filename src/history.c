@@ -597,6 +597,8 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 		complete = true;
 		stamp = DatumGetTimestampTz(values[AT(cols->occurred_at)]);
 		sh_clock_observe(stamp);
+		/* (A subscriber applies what it receives: refusing would stop replication.) */
+		sh_horizon_import(stamp, !IsLogicalWorker());
 		sh_state_note_import(obj, obj->last_at != SH_NO_STAMP && stamp <= obj->last_at);
 	}
 	else

@@ -198,7 +198,6 @@ status_history_expire(PG_FUNCTION_ARGS)
 	SPI_connect();
 	PG_TRY();
 	{
-		sh_fence_set_in_reconnect(true);	/* (lapses are no one's report: no repeats, no sightings) */
 		n = sh_sort_ids(ids, n);
 		if (n > 0)
 		{
@@ -207,6 +206,12 @@ status_history_expire(PG_FUNCTION_ARGS)
 				sh_state_catch_up(sh_state_lock(ids[i]));
 			/* The lapses are read from the state tables: bring them up to date. */
 			sh_state_settle();
+			/*
+			 * Lapses are no one's report: no repeats, no sightings -- set
+			 * only now, so that the rows folded above (a caller's reports
+			 * in flight) count as reports.
+			 */
+			sh_fence_set_in_reconnect(true);
 			in_expire = true;
 			appended = append_lapses(ids, n);
 		}

@@ -26,6 +26,7 @@ _PG_init(void)
 	sh_notify_init();
 	sh_utility_init();
 	sh_lease_init();
+	sh_horizon_init();
 	sh_worker_init();
 	/* After every setting is defined: a misspelt one is an error, a placeholder set before loading is kept. */
 	MarkGUCPrefixReserved("status_history");

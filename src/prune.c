@@ -149,9 +149,13 @@ next_bound(SPIPlanPtr plan, Datum lo, Snapshot snapshot, MemoryContext cxt, Datu
 	return !isnull;
 }
 
-/* Run one batch's DELETE with the door open for it; returns the rows removed. */
+/*
+ * Run one batch's DELETE with the door open for it; returns the rows
+ * removed, and raises *newest to the newest stamp removed.
+ */
 static uint64
-delete_batch(SPIPlanPtr plan, Datum *args, const char *nulls, Snapshot snapshot)
+delete_batch(SPIPlanPtr plan, Datum *args, const char *nulls, Snapshot snapshot,
+			 TimestampTz *newest)
 {
 	int			ret;
 
@@ -166,9 +170,34 @@ delete_batch(SPIPlanPtr plan, Datum *args, const char *nulls, Snapshot snapshot)
 		prune_delete_depth = -1;
 	}
 	PG_END_TRY();
-	if (ret != SPI_OK_DELETE)
+	if (ret != SPI_OK_DELETE_RETURNING)
 		elog(ERROR, "status_history: pruning failed: %s", SPI_result_code_string(ret));
+	for (uint64 i = 0; i < SPI_processed; i++)
+	{
+		bool		isnull;
+		TimestampTz stamp = DatumGetTimestampTz(SPI_getbinval(SPI_tuptable->vals[i],
+															  SPI_tuptable->tupdesc, 1, &isnull));
+
+		*newest = Max(*newest, stamp);
+	}
+	SPI_freetuptable(SPI_tuptable);
 	return SPI_processed;
+}
+
+/* The change feed learns how far rows were removed (consumers behind it lost some). */
+static void
+note_pruned_through(TimestampTz newest)
+{
+	static SPIPlanPtr plan = NULL;
+	Oid			types[1] = {TIMESTAMPTZOID};
+	Datum		args[1] = {TimestampTzGetDatum(newest)};
+
+	if (plan == NULL)
+		plan = sh_prepare_kept("UPDATE status_history.feed AS f"
+							   "   SET pruned_through = pg_catalog.timestamptz_larger("
+							   "           COALESCE(f.pruned_through, $1), $1)", 1, types);
+	if (SPI_execute_plan(plan, args, NULL, false, 0) != SPI_OK_UPDATE)
+		elog(ERROR, "status_history: recording how far prune() removed rows failed");
 }
 
 /*
@@ -190,6 +219,7 @@ status_history_prune(PG_FUNCTION_ARGS)
 	Datum		lo;
 	Datum		hi = (Datum) 0;
 	uint64		removed = 0;
+	TimestampTz newest = DT_NOBEGIN;
 
 	sh_check_version();
 	check_prune_args(fcinfo);
@@ -242,7 +272,8 @@ status_history_prune(PG_FUNCTION_ARGS)
 									  "                            WHERE o.object_id OPERATOR(pg_catalog.=) c.object_id"
 									  "                              AND o.occurred_at OPERATOR(pg_catalog.=) c.occurred_at)"
 									  "       ) AS d"
-									  " WHERE h.occurred_at OPERATOR(pg_catalog.=) d.occurred_at",
+									  " WHERE h.occurred_at OPERATOR(pg_catalog.=) d.occurred_at"
+									  " RETURNING h.occurred_at",
 									  4, delete_types);
 	}
 
@@ -253,11 +284,13 @@ status_history_prune(PG_FUNCTION_ARGS)
 		CHECK_FOR_INTERRUPTS();
 		args[0] = lo;
 		args[1] = hi;
-		removed += delete_batch(delete_plan, args, nulls, snapshot);
+		removed += delete_batch(delete_plan, args, nulls, snapshot, &newest);
 		pfree(DatumGetPointer(lo));
 		lo = hi;
 	}
 
+	if (removed > 0)
+		note_pruned_through(newest);
 	SPI_finish();
 	UnregisterSnapshot(snapshot);
 	MemoryContextDelete(bounds_cxt);

@@ -110,8 +110,12 @@ append_replacements(Datum *ids, int n, Datum replica_id, bool gen_null, int64 ge
 							   " appended AS ("
 							   "INSERT INTO status_history.history AS h"
 							   " (object_id, status, error, details, replica_id, generation, reported_at, lease)"
-							   " SELECT o.object_id, COALESCE(r.status, 'paused'), r.error,"
-							   "        CASE WHEN r.occurred_at IS NULL"
+							   " SELECT o.object_id,"
+							   "        CASE WHEN r.lapsed THEN 'stalled' ELSE COALESCE(r.status, 'paused') END,"
+							   "        CASE WHEN r.lapsed THEN status_history.lapse_error(r.replica_id,"
+							   "                 r.k_expires OPERATOR(pg_catalog.-) r.lease) ELSE r.error END,"
+							   "        CASE WHEN r.lapsed THEN NULL"
+							   "             WHEN r.occurred_at IS NULL"
 							   "             THEN pg_catalog.jsonb_build_object('hints', pg_catalog.jsonb_build_array("
 							   "                  'replica ' OPERATOR(pg_catalog.||) $3"
 							   "                  OPERATOR(pg_catalog.||) ' was retired; no live replica reports this object'))"
@@ -121,11 +125,14 @@ append_replacements(Datum *ids, int n, Datum replica_id, bool gen_null, int64 ge
 							   "                 (SELECT pg_catalog.max(f.generation) FROM status_history.floors AS f"
 							   "                   WHERE f.retired_at IS NULL AND (f.replica_id IS NULL"
 							   "                      OR f.replica_id OPERATOR(pg_catalog.=) r.replica_id)))),"
-							   "        r.reported_at, r.lease"
+							   "        CASE WHEN r.lapsed THEN r.k_expires ELSE r.reported_at END,"
+							   "        CASE WHEN r.lapsed THEN NULL ELSE r.lease END"
 							   "   FROM pg_catalog.unnest($1) WITH ORDINALITY AS s(id, n)"
 							   "   JOIN status_history.objects AS o ON o.object_id OPERATOR(pg_catalog.=) s.id"
 							   "   LEFT JOIN LATERAL ("
-							   "        SELECT c.* FROM status_history.replica_state AS k"
+							   "        SELECT c.*, k.expires_at AS k_expires,"
+							   "               k.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now() AS lapsed"
+							   "          FROM status_history.replica_state AS k"
 							   "          JOIN status_history.history AS c ON c.occurred_at OPERATOR(pg_catalog.=) k.occurred_at"
 							   "         WHERE k.object_id OPERATOR(pg_catalog.=) o.object_id"
 							   "           AND k.replica_id IS DISTINCT FROM $3"
@@ -174,7 +181,6 @@ status_history_retire_replica(PG_FUNCTION_ARGS)
 	sh_state_settle();
 	PG_TRY();
 	{
-		sh_fence_set_in_reconnect(true);
 		if (sh_fence_retire(replica_id))
 		{
 			if (!gen_null && generation < sh_fence_floor((Datum) 0, true))
@@ -194,6 +200,8 @@ status_history_retire_replica(PG_FUNCTION_ARGS)
 			}
 			/* The state SQL reads below must include this transaction's reports. */
 			sh_state_settle();
+			/* Only now: the rows folded before are reports, not copies. */
+			sh_fence_set_in_reconnect(true);
 			if (n > 0)
 				changed = append_replacements(ids, n, replica_id, gen_null, generation);
 		}

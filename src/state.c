@@ -932,9 +932,15 @@ sh_state_seen(ShObject *obj, ShKey *key, TimestampTz seen, int64 lease)
 	if (lease != 0 && key->has_current && key->current_at == key->last_at)
 	{
 		key->expires_at = Max(key->expires_at, sh_lease_expiry(seen, lease));
-		if (obj->has_current && obj->current_at == key->current_at)
+		/*
+		 * And the object's: a repeat is of the object's current report too
+		 * -- another key's, when two replicas say the same: the object then
+		 * holds while either of them does.
+		 */
+		if (obj->has_current && obj->expires_at != SH_NO_STAMP)
 		{
-			obj->expires_at = key->expires_at;
+			obj->expires_at = obj->current_at == key->current_at ? key->expires_at :
+				Max(obj->expires_at, key->expires_at);
 			obj->dirty = true;
 		}
 	}

@@ -20,6 +20,7 @@
  * prune.c      prune(): removing old history, and the one DELETE the history lets through
  * lease.c      leases: checking them, when they run out, expire() recording the lapses
  * worker.c     the background worker that calls expire() in every database that has the extension
+ * horizon.c    the change feed: the stable horizon (stamps still held) and changes()
  * questions.c  history_of(), intervals() and time_in_status(): the history over a window
  */
 #ifndef STATUS_HISTORY_H
@@ -264,6 +265,13 @@ extern TimestampTz sh_lease_expiry(TimestampTz from, int64 lease);
 extern bool sh_lease_in_expire(void);
 extern bool sh_lease_still_due(ShObject *obj, ShKey *key, TimestampTz expected);
 extern void sh_lease_init(void);
+
+/* horizon.c */
+extern bool sh_horizon_holding(void);
+extern void sh_horizon_before_stamp(TimestampTz newest);
+extern void sh_horizon_import(TimestampTz stamp, bool refusable);
+extern TimestampTz sh_horizon_now(void);
+extern void sh_horizon_init(void);
 
 /* worker.c */
 extern void sh_worker_init(void);

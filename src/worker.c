@@ -9,12 +9,15 @@
  * it is promoted -- and again after a crash.  The launcher, connected to no
  * database, reads pg_database every launcher_naptime and starts a worker
  * for each database that has none; a worker that finds no extension in its
- * database exits, and is tried again at the next look.  A worker also
+ * database (or finds it at another version than this library's) exits,
+ * and is tried again at the next look, as one that failed is: a database
+ * gets a new worker at most once per look.  A worker also
  * steps aside (exits) when someone waits to drop, rename or copy its
  * database: those wait only a few seconds for other sessions to leave.  A
  * worker runs as
  * the bootstrap superuser only to call expire(), a SECURITY DEFINER
- * function that runs as the extension's owner.
+ * function that runs as the extension's owner, and stable_horizon(), which
+ * persists the change feed's horizon for standbys.
  */
 #include "postgres.h"
 
@@ -25,6 +28,7 @@
 #include "access/tableam.h"
 #include "access/xact.h"
 #include "catalog/pg_database.h"
+#include "catalog/pg_extension.h"
 #include "commands/extension.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
@@ -36,7 +40,9 @@
 #include "storage/lock.h"
 #include "storage/proc.h"
 #include "tcop/tcopprot.h"
+#include "utils/builtins.h"
 #include "utils/guc.h"
+#include "utils/syscache.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
@@ -58,6 +64,7 @@ typedef struct DbWorker
 {
 	Oid			dboid;
 	BackgroundWorkerHandle *handle;
+	TimestampTz started;		/* when the launcher last started one */
 } DbWorker;
 
 /* Fill a worker's common fields. */
@@ -131,6 +138,14 @@ start_workers(List **known)
 				w = (DbWorker *) lfirst(kc);
 		if (w != NULL && worker_running(w))
 			continue;
+		/*
+		 * At most one start per database per naptime: a worker that exits
+		 * at once (no extension there, an error every round) must not be
+		 * started again and again (its exit sets our latch).
+		 */
+		if (w != NULL && w->started != 0 &&
+			!TimestampDifferenceExceeds(w->started, GetCurrentTimestamp(), LAUNCHER_NAPTIME))
+			continue;
 		if (w == NULL)
 		{
 			w = MemoryContextAllocZero(TopMemoryContext, sizeof(DbWorker));
@@ -143,6 +158,7 @@ start_workers(List **known)
 		bgw.bgw_restart_time = BGW_NEVER_RESTART;	/* (the launcher starts it again) */
 		bgw.bgw_main_arg = ObjectIdGetDatum(dboid);
 		bgw.bgw_notify_pid = MyProcPid;
+		w->started = GetCurrentTimestamp();
 		if (!RegisterDynamicBackgroundWorker(&bgw, &w->handle))
 		{
 			w->handle = NULL;
@@ -206,8 +222,35 @@ database_wanted(void)
 }
 
 /*
+ * Is the extension here, at this library's version?  (Between installing a
+ * new library and ALTER EXTENSION UPDATE, the database's SQL is older: its
+ * functions are not this library's to call.)
+ */
+static bool
+extension_is_ours(void)
+{
+	Oid			ext = get_extension_oid("status_history", true);
+	HeapTuple	tup;
+	bool		ours = false;
+
+	if (!OidIsValid(ext))
+		return false;
+	tup = SearchSysCache1(EXTENSIONOID, ObjectIdGetDatum(ext));
+	if (HeapTupleIsValid(tup))
+	{
+		bool		isnull;
+		Datum		v = SysCacheGetAttr(EXTENSIONOID, tup, Anum_pg_extension_extversion, &isnull);
+
+		ours = !isnull && strcmp(TextDatumGetCString(v), SH_VERSION) == 0;
+		ReleaseSysCache(tup);
+	}
+	return ours;
+}
+
+/*
  * One round in a worker's database (expire() when run is set): false when
- * the worker should leave -- no extension here, or the database is wanted.
+ * the worker should leave -- no extension here (at this library's version),
+ * or the database is wanted.
  */
 static bool
 expire_once(bool run)
@@ -222,14 +265,15 @@ expire_once(bool run)
 		return false;
 	}
 	PushActiveSnapshot(GetTransactionSnapshot());
-	present = OidIsValid(get_extension_oid("status_history", true));
+	present = extension_is_ours();
 	if (present && run)
 	{
 		int			ret;
 
-		pgstat_report_activity(STATE_RUNNING, "SELECT status_history.expire()");
+		/* (and the change feed's horizon, so that standbys follow: horizon.c) */
+		pgstat_report_activity(STATE_RUNNING, "SELECT status_history.expire(), status_history.stable_horizon()");
 		SPI_connect();
-		ret = SPI_execute("SELECT status_history.expire()", false, 0);
+		ret = SPI_execute("SELECT status_history.expire(), status_history.stable_horizon()", false, 0);
 		if (ret != SPI_OK_SELECT)
 			elog(ERROR, "status_history: expire() failed: %s", SPI_result_code_string(ret));
 		SPI_finish();

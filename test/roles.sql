@@ -166,8 +166,8 @@ SELECT is(
     (SELECT string_agg(p.proname, ', ' ORDER BY p.proname) FROM pg_proc p
       WHERE p.pronamespace = 'status_history'::regnamespace
         AND has_function_privilege('public', p.oid, 'EXECUTE')),
-    'lapse_error, monotonic_now, report, report_many, versions',
-    'PUBLIC executes only lapse_error() (the views call it), monotonic_now(), report() and report_many() (the last two need INSERT), and versions()');
+    'changes, lapse_error, monotonic_now, report, report_many, stable_horizon, versions',
+    'PUBLIC executes only changes() (it needs SELECT on the history), lapse_error() (the views call it), monotonic_now(), report() and report_many() (the last two need INSERT), stable_horizon() and versions()');
 
 SELECT * FROM finish();
 ROLLBACK;

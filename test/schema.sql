@@ -12,7 +12,7 @@ CREATE SCHEMA evil;
 SET search_path = evil, public;
 CREATE EXTENSION status_history;
 RESET search_path;
-SELECT plan(84);
+SELECT plan(88);
 
 SELECT has_schema('status_history');
 SELECT has_table('status_history', 'history', 'history table exists');
@@ -101,6 +101,11 @@ SELECT function_privs_are('status_history', 'expire', '{}'::name[],
                           'public', '{}', 'expire() is not executable by PUBLIC');
 SELECT col_type_is('status_history', 'replica_state', 'expires_at', 'timestamp with time zone',
                    'a key keeps when its lease runs out');
+SELECT has_function('status_history', 'stable_horizon', '{}'::name[]);
+SELECT function_lang_is('status_history', 'stable_horizon', '{}'::name[], 'c', 'the horizon is C');
+SELECT function_returns('status_history', 'changes', ARRAY['timestamp with time zone', 'integer', 'boolean'],
+                        'setof status_history.history');
+SELECT has_table('status_history', 'feed', 'the change feed''s table exists');
 
 -- One status per object by precedence (opt-in): a view with the columns of
 -- statuses and a read-only SQL function returning history rows like latest().
@@ -151,13 +156,15 @@ SELECT is_empty(
 
 -- Every function pins search_path, but the C trigger functions, which resolve
 -- no name through it (a SET clause would cost a settings save and restore per
--- row); the hostile search_path test below covers them.
+-- row), and lapse_error(), which the views inline (it qualifies every name);
+-- the hostile search_path test below covers them.
 SELECT is_empty(
     $$SELECT p.oid::regprocedure::text FROM pg_proc p
        WHERE p.pronamespace = 'status_history'::regnamespace
          AND p.prorettype <> 'trigger'::regtype
+         AND p.proname <> 'lapse_error'
          AND NOT coalesce('search_path=pg_catalog, pg_temp' = ANY (p.proconfig), false)$$,
-    'every function but the C triggers pins search_path');
+    'every function but the C triggers and lapse_error() pins search_path');
 SELECT is_empty(
     $$SELECT p.oid::regprocedure::text FROM pg_proc p
        WHERE p.pronamespace = 'status_history'::regnamespace
@@ -242,10 +249,20 @@ INSERT INTO hostile
 SELECT 7, (SELECT string_agg(s.object_id || ' ' || s.status, ', ' ORDER BY s.object_id)
              FROM status_history.statuses AS s
             WHERE s.object_id OPERATOR(pg_catalog.=) ANY (ARRAY['h2', 'h3']));
+-- lapse_error() pins no search_path (the views inline it): it qualifies all
+-- (these look-alikes come last: the steps above use || themselves).
+CREATE FUNCTION evil.hijack_text(text, text) RETURNS text LANGUAGE plpgsql AS
+    $$BEGIN RAISE EXCEPTION 'hijacked'; END$$;
+CREATE OPERATOR evil.|| (LEFTARG = text, RIGHTARG = text, FUNCTION = evil.hijack_text);
+CREATE FUNCTION evil.to_char(timestamp, text) RETURNS text LANGUAGE plpgsql AS
+    $$BEGIN RAISE EXCEPTION 'hijacked'; END$$;
+INSERT INTO hostile
+SELECT 8, status_history.lapse_error('r', '2026-01-02 03:04:05.5+00');
 RESET search_path;
 SELECT results_eq('SELECT step, result FROM hostile ORDER BY step',
-                  $$VALUES (1, 'running'), (2, 'running 1'), (3, 'running 1'), (4, 'running'), (4, 'running'), (5, '1 1 1'), (6, 'running 1'), (7, 'h2 stalled, h3 running')$$,
-                  'report, reconnect, latest, statuses, plain INSERTs, the history questions and precedence ignore a hostile search_path');
+                  $$VALUES (1, 'running'), (2, 'running 1'), (3, 'running 1'), (4, 'running'), (4, 'running'), (5, '1 1 1'), (6, 'running 1'), (7, 'h2 stalled, h3 running'),
+                           (8, 'lease expired: no report from replica r since 2026-01-02 03:04:05.500000+00')$$,
+                  'report, reconnect, latest, statuses, plain INSERTs, the history questions, precedence and lapse_error() ignore a hostile search_path');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -59,6 +59,7 @@ sub wait_for_worker
 	sleep 0.2 while time < $until && $node->safe_psql('postgres',
 		qq{SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'status_history expire worker' AND datname = '$db'}) eq '0';
 }
+wait_for_worker($primary, 'postgres');
 wait_for_worker($primary, 'app2');
 silent_reporter($primary, 'postgres', 'a');
 silent_reporter($primary, 'app2', 'b');
@@ -86,6 +87,34 @@ is($primary->safe_psql('postgres', q{SELECT count(*) FROM pg_stat_activity
 	'1', 'the new database got its worker');
 my ($rc, $out, $err) = $primary->psql('postgres', 'DROP DATABASE dropme');
 is($rc, 0, 'DROP DATABASE of a database with a worker succeeds') or diag($err);
+
+# A database without the extension, one where every expire() fails (a
+# database owner made it read-only) and one still on 0.3.0 (between
+# installing this library and ALTER EXTENSION UPDATE): their workers exit,
+# and the launcher starts them again at most once per look (10 s), not at
+# every exit.
+$primary->safe_psql('postgres', 'CREATE DATABASE quiet');
+$primary->safe_psql('postgres', 'CREATE DATABASE readonly');
+$primary->safe_psql('readonly', 'CREATE EXTENSION status_history');
+$primary->safe_psql('postgres', 'ALTER DATABASE readonly SET default_transaction_read_only = on');
+$primary->safe_psql('postgres', 'CREATE DATABASE old030');
+# (0.3.0's SQL cannot be created with this library: the catalog says it is.)
+$primary->safe_psql('old030', 'CREATE EXTENSION status_history');
+$primary->safe_psql('old030', "UPDATE pg_catalog.pg_extension SET extversion = '0.3.0' WHERE extname = 'status_history'");
+my %dboid = map { $_ => $primary->safe_psql('postgres', "SELECT oid FROM pg_database WHERE datname = '$_'") }
+  qw(quiet readonly old030);
+$primary->safe_psql('postgres', q{ALTER SYSTEM SET log_min_messages = debug1; SELECT pg_reload_conf()});
+my $log_from = -s $primary->logfile;
+sleep 21;
+$primary->safe_psql('postgres', q{ALTER SYSTEM RESET log_min_messages; SELECT pg_reload_conf()});
+my $log = PostgreSQL::Test::Utils::slurp_file($primary->logfile, $log_from);
+for my $db (qw(quiet readonly old030))
+{
+	my $starts = () = $log =~ /starting background worker process "status_history expire worker for database $dboid{$db}"/g;
+	cmp_ok($starts, '<=', 4, "$db: its worker was started $starts times in 21 s (at most once per 10 s look)");
+}
+my $errors = () = $log =~ /exited with exit code 1/g;
+cmp_ok($errors, '<=', 6, "the read-only database's failures are logged $errors times in 21 s, not at every round");
 
 # A standby: no worker; a lapse shows derived before the primary records it.
 $primary->backup('base');

@@ -1,0 +1,681 @@
+/*
+ * horizon.c — the change feed: stable_horizon() and changes().
+ *
+ * A stamp is taken before its row commits, so a row with a lower stamp may
+ * become visible after one with a higher stamp.  The stable horizon is a
+ * stamp below which every row is committed or will never exist: the oldest
+ * stamp a transaction still running (or prepared) may hold, else the next
+ * stamp the clock can hand out.  changes(after) returns the rows with
+ * after < occurred_at < horizon, read with a snapshot taken after the
+ * horizon: a consumer that loops changes(last stamp returned) sees every
+ * committed row once, in stamp order.
+ *
+ * Bookkeeping, in shared memory per database:
+ *   holds     per backend (by pgprocno), the lowest stamp its transaction
+ *             may hold: published before its first stamp is taken (the
+ *             newest stamp then, plus one), lowered by an import; cleared
+ *             when the transaction ends (after it is visible).
+ *   prepared  a prepared transaction's hold, moved there at PREPARE and kept
+ *             while its xid is in progress.  Shared memory does not survive
+ *             a restart, and PostgreSQL 15 lets no extension add records to
+ *             the two-phase state; but a prepared transaction's rows do
+ *             survive, in the history, with their xmin.  So after a restart
+ *             the first horizon of a database with prepared transactions
+ *             scans the history once for rows whose inserter is still in
+ *             progress, and holds their oldest stamp per transaction.
+ *   published the highest horizon returned: an import stamped below it is
+ *             refused (a consumer may be past it), unless
+ *             status_history.import_below_horizon is on.
+ * The horizon reads the clock's newest stamp first and the holds second; a
+ * backend publishes its hold first and stamps second: whichever order they
+ * meet in, the horizon is at most the stamp.
+ */
+#include "postgres.h"
+
+#include "access/heapam.h"
+#include "access/htup_details.h"
+#include "access/subtrans.h"
+#include "access/relscan.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/transam.h"
+#include "access/twophase.h"
+#include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "storage/ipc.h"
+#include "storage/lwlock.h"
+#include "storage/proc.h"
+#include "storage/procarray.h"
+#include "storage/shmem.h"
+#include "commands/sequence.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/snapmgr.h"
+#include "utils/timestamp.h"
+
+#include "status_history.h"
+
+PG_FUNCTION_INFO_V1(status_history_stable_horizon);
+PG_FUNCTION_INFO_V1(status_history_changes);
+
+#define HORIZON_DBS 64			/* as the clock's slots */
+
+typedef struct Hold
+{
+	Oid			dbid;			/* InvalidOid: none */
+	TimestampTz held;
+} Hold;
+
+typedef struct PreparedHold
+{
+	Oid			dbid;			/* InvalidOid: free */
+	TransactionId xid;
+	TimestampTz held;
+} PreparedHold;
+
+typedef struct HorizonDb
+{
+	Oid			dbid;			/* InvalidOid: free */
+	Oid			history;		/* the history it describes (a new extension: a new feed) */
+	bool		prepared_found; /* the history was scanned for prepared rows */
+	bool		persisted_read; /* published includes the persisted horizon */
+	TimestampTz published;
+	TimestampTz persisted;		/* in status_history.feed_horizon */
+} HorizonDb;
+
+typedef struct HorizonShared
+{
+	int			tranche_id;
+	LWLock		lock;
+	int			nholds;
+	int			nprepared;
+	HorizonDb	dbs[HORIZON_DBS];
+	/* Hold holds[nholds]; PreparedHold prepared[nprepared]; follow */
+} HorizonShared;
+
+static HorizonShared *horizon = NULL;
+static bool import_below_horizon = false;
+static bool holding = false;	/* this transaction published a hold */
+static bool exit_registered = false;
+static TransactionId preparing_xid = InvalidTransactionId;
+
+static shmem_request_hook_type prev_shmem_request_hook = NULL;
+static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+
+static int
+nholds_needed(void)
+{
+	return MaxBackends + NUM_AUXILIARY_PROCS + max_prepared_xacts;
+}
+
+static Size
+horizon_size(void)
+{
+	return MAXALIGN(sizeof(HorizonShared)) + nholds_needed() * sizeof(Hold) +
+		Max(max_prepared_xacts, 1) * sizeof(PreparedHold);
+}
+
+static Hold *
+holds(void)
+{
+	return (Hold *) ((char *) horizon + MAXALIGN(sizeof(HorizonShared)));
+}
+
+static PreparedHold *
+prepared(void)
+{
+	return (PreparedHold *) (holds() + horizon->nholds);
+}
+
+/* Find or create the shared struct (from the spare shared memory unless preloaded). */
+static void
+horizon_attach(void)
+{
+	bool		found;
+
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	horizon = ShmemInitStruct("status_history horizon", horizon_size(), &found);
+	if (!found)
+	{
+		memset(horizon, 0, horizon_size());
+		horizon->tranche_id = LWLockNewTrancheId();
+		LWLockInitialize(&horizon->lock, horizon->tranche_id);
+		horizon->nholds = nholds_needed();
+		horizon->nprepared = Max(max_prepared_xacts, 1);
+	}
+	LWLockRelease(AddinShmemInitLock);
+	LWLockRegisterTranche(horizon->tranche_id, "status_history_horizon");
+}
+
+static void
+horizon_shmem_request(void)
+{
+	if (prev_shmem_request_hook)
+		prev_shmem_request_hook();
+	RequestAddinShmemSpace(horizon_size());
+}
+
+static void
+horizon_shmem_startup(void)
+{
+	if (prev_shmem_startup_hook)
+		prev_shmem_startup_hook();
+	horizon = NULL;
+	horizon_attach();
+}
+
+/* This database's entry (claimed on first use); call with the lock held exclusively. */
+static HorizonDb *
+horizon_db(Oid history)
+{
+	HorizonDb  *free_db = NULL;
+
+	for (int i = 0; i < HORIZON_DBS; i++)
+	{
+		HorizonDb  *db = &horizon->dbs[i];
+
+		if (db->dbid == MyDatabaseId)
+		{
+			if (db->history != history)
+			{
+				memset(db, 0, sizeof(HorizonDb));
+				db->dbid = MyDatabaseId;
+				db->history = history;
+				db->published = DT_NOBEGIN;
+			}
+			return db;
+		}
+		if (!OidIsValid(horizon->dbs[i].dbid) && free_db == NULL)
+			free_db = &horizon->dbs[i];
+	}
+	if (free_db == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+				 errmsg("the status_history change feed has no free slot for this database"),
+				 errdetail("It keeps state for at most %d databases per server start.", HORIZON_DBS),
+				 errhint("Restart the server to release the slots of databases that no longer use the extension.")));
+	memset(free_db, 0, sizeof(HorizonDb));
+	free_db->dbid = MyDatabaseId;
+	free_db->history = history;
+	free_db->published = DT_NOBEGIN;
+	return free_db;
+}
+
+static void horizon_exit(int code, Datum arg);
+
+/* This backend's hold (and, once, the exit callback that lets it go). */
+static Hold *
+my_hold(void)
+{
+	if (horizon == NULL)
+		horizon_attach();
+	if (!exit_registered)
+	{
+		before_shmem_exit(horizon_exit, (Datum) 0);
+		exit_registered = true;
+	}
+	return &holds()[MyProc->pgprocno];
+}
+
+/* Does this transaction hold a stamp already? */
+bool
+sh_horizon_holding(void)
+{
+	return holding;
+}
+
+/*
+ * Before the first stamp of a transaction (clock.c): hold the lowest stamp
+ * it can get, the newest one handed out plus one.
+ */
+void
+sh_horizon_before_stamp(TimestampTz newest)
+{
+	Hold	   *h;
+
+	if (holding)
+		return;
+	h = my_hold();
+	LWLockAcquire(&horizon->lock, LW_EXCLUSIVE);
+	h->dbid = MyDatabaseId;
+	h->held = newest + 1;
+	LWLockRelease(&horizon->lock);
+	holding = true;
+}
+
+/*
+ * An imported stamp: refused below the highest horizon returned (a consumer
+ * may be past it) unless import_below_horizon or not refusable; held.
+ */
+void
+sh_horizon_import(TimestampTz stamp, bool refusable)
+{
+	Hold	   *h = my_hold();
+	Oid			history = sh_relation_oid("history");
+	TimestampTz published;
+
+	LWLockAcquire(&horizon->lock, LW_EXCLUSIVE);
+	published = horizon_db(history)->published;
+	if (stamp < published && !import_below_horizon && refusable)
+	{
+		LWLockRelease(&horizon->lock);
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("occurred_at %s is below the change feed's stable horizon %s",
+						pstrdup(timestamptz_to_str(stamp)), pstrdup(timestamptz_to_str(published))),
+				 errdetail("A consumer of status_history.changes() may have read past it, and would never see this row."),
+				 errhint("Import stamps above status_history.stable_horizon(), or SET status_history.import_below_horizon = on (superuser) and tell the consumers to read again from before it.")));
+	}
+	if (!holding || h->dbid != MyDatabaseId || stamp < h->held)
+	{
+		h->dbid = MyDatabaseId;
+		h->held = holding ? Min(h->held, stamp) : stamp;
+	}
+	LWLockRelease(&horizon->lock);
+	holding = true;
+}
+
+/* The transaction ended (visibly, if it committed): its hold goes. */
+static void
+release_hold(void)
+{
+	Hold	   *h;
+
+	if (!holding)
+		return;
+	h = my_hold();
+	LWLockAcquire(&horizon->lock, LW_EXCLUSIVE);
+	h->dbid = InvalidOid;
+	LWLockRelease(&horizon->lock);
+	holding = false;
+}
+
+/* PREPARE TRANSACTION: the hold moves to the prepared transaction's xid. */
+static void
+move_hold_to_prepared(void)
+{
+	Hold	   *h;
+
+	if (!holding)
+		return;
+	h = my_hold();
+	LWLockAcquire(&horizon->lock, LW_EXCLUSIVE);
+	for (int i = 0; i < horizon->nprepared && TransactionIdIsValid(preparing_xid); i++)
+	{
+		PreparedHold *p = &prepared()[i];
+
+		if (OidIsValid(p->dbid))
+			continue;
+		p->dbid = MyDatabaseId;
+		p->xid = preparing_xid;
+		p->held = h->held;
+		break;
+	}
+	h->dbid = InvalidOid;
+	LWLockRelease(&horizon->lock);
+	holding = false;
+}
+
+static void
+horizon_xact_callback(XactEvent event, void *arg)
+{
+	switch (event)
+	{
+		case XACT_EVENT_PRE_PREPARE:
+			preparing_xid = GetTopTransactionIdIfAny();
+			break;
+		case XACT_EVENT_PREPARE:
+			move_hold_to_prepared();
+			preparing_xid = InvalidTransactionId;
+			break;
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_COMMIT:
+		case XACT_EVENT_PARALLEL_ABORT:
+			release_hold();
+			preparing_xid = InvalidTransactionId;
+			break;
+		default:
+			break;
+	}
+}
+
+/* A backend that exits in a transaction (FATAL) lets its hold go too. */
+static void
+horizon_exit(int code, Datum arg)
+{
+	if (holding && horizon != NULL && MyProc != NULL)
+	{
+		LWLockAcquire(&horizon->lock, LW_EXCLUSIVE);
+		holds()[MyProc->pgprocno].dbid = InvalidOid;
+		LWLockRelease(&horizon->lock);
+		holding = false;
+	}
+}
+
+/*
+ * After a restart, the holds of this database's prepared transactions: the
+ * oldest stamp of the history rows each still-running inserter wrote
+ * (their xmin survives; a prepared transaction's subtransactions resolve to
+ * it).  One scan of the history, only when prepared transactions exist.
+ */
+static void
+find_prepared_holds(void)
+{
+	int			ret;
+	bool		any;
+	Relation	rel;
+	TableScanDesc scan;
+	HeapTuple	tuple;
+	TransactionId *xids = NULL;
+	TimestampTz *mins = NULL;
+	int			n = 0;
+	int			max = 0;
+	TransactionId mine = GetTopTransactionIdIfAny();
+
+	SPI_connect();
+	ret = SPI_execute("SELECT 1 FROM pg_catalog.pg_prepared_xacts"
+					  " WHERE database OPERATOR(pg_catalog.=) pg_catalog.current_database()", true, 1);
+	if (ret != SPI_OK_SELECT)
+		elog(ERROR, "status_history: reading the prepared transactions failed");
+	any = SPI_processed > 0;
+	SPI_finish();
+	if (!any)
+		return;
+
+	rel = table_open(sh_relation_oid("history"), AccessShareLock);
+	scan = table_beginscan(rel, SnapshotAny, 0, NULL);
+	while ((tuple = heap_getnext(scan, ForwardScanDirection)) != NULL)
+	{
+		TransactionId xmin = HeapTupleHeaderGetRawXmin(tuple->t_data);
+		TransactionId top;
+		bool		isnull;
+		TimestampTz stamp;
+		int			i;
+
+		/* (Hint bits spare most rows the procarray lookup.) */
+		if (HeapTupleHeaderXminCommitted(tuple->t_data) || HeapTupleHeaderXminInvalid(tuple->t_data) ||
+			!TransactionIdIsNormal(xmin) || !TransactionIdIsInProgress(xmin))
+			continue;
+		top = SubTransGetTopmostTransaction(xmin);
+		if (TransactionIdEquals(top, mine))
+			continue;
+		stamp = DatumGetTimestampTz(heap_getattr(tuple, sh_history_cols(RelationGetDescr(rel))->occurred_at,
+												 RelationGetDescr(rel), &isnull));
+		for (i = 0; i < n && !TransactionIdEquals(xids[i], top); i++)
+			;
+		if (i == n)
+		{
+			if (n == max)
+			{
+				max = Max(8, max * 2);
+				xids = xids ? repalloc(xids, max * sizeof(TransactionId)) : palloc(max * sizeof(TransactionId));
+				mins = mins ? repalloc(mins, max * sizeof(TimestampTz)) : palloc(max * sizeof(TimestampTz));
+			}
+			xids[n] = top;
+			mins[n++] = stamp;
+		}
+		else
+			mins[i] = Min(mins[i], stamp);
+	}
+	table_endscan(scan);
+	table_close(rel, AccessShareLock);
+
+	LWLockAcquire(&horizon->lock, LW_EXCLUSIVE);
+	for (int i = 0; i < n; i++)
+	{
+		bool		known = false;
+
+		for (int j = 0; j < horizon->nprepared && !known; j++)
+			known = prepared()[j].dbid == MyDatabaseId && TransactionIdEquals(prepared()[j].xid, xids[i]);
+		for (int j = 0; j < horizon->nprepared && !known; j++)
+		{
+			if (OidIsValid(prepared()[j].dbid))
+				continue;
+			prepared()[j].dbid = MyDatabaseId;
+			prepared()[j].xid = xids[i];
+			prepared()[j].held = mins[i];
+			known = true;
+		}
+	}
+	LWLockRelease(&horizon->lock);
+}
+
+/* Forget the prepared holds of transactions that have ended. */
+static void
+drop_ended_prepared(void)
+{
+	TransactionId ended[64];
+	int			nended = 0;
+
+	LWLockAcquire(&horizon->lock, LW_SHARED);
+	for (int i = 0; i < horizon->nprepared && nended < 64; i++)
+		if (prepared()[i].dbid == MyDatabaseId && !TransactionIdIsInProgress(prepared()[i].xid))
+			ended[nended++] = prepared()[i].xid;
+	LWLockRelease(&horizon->lock);
+	if (nended == 0)
+		return;
+	LWLockAcquire(&horizon->lock, LW_EXCLUSIVE);
+	for (int i = 0; i < horizon->nprepared; i++)
+		for (int j = 0; j < nended; j++)
+			if (prepared()[i].dbid == MyDatabaseId && TransactionIdEquals(prepared()[i].xid, ended[j]))
+				prepared()[i].dbid = InvalidOid;
+	LWLockRelease(&horizon->lock);
+}
+
+/* The horizon the primary last persisted (a standby's horizon); DT_NOBEGIN: none. */
+static TimestampTz
+persisted_horizon(void)
+{
+	ShSavedUser saved;
+	TimestampTz h = DT_NOBEGIN;
+	bool		isnull;
+	int			ret;
+
+	SPI_connect();
+	sh_become_owner(sh_relation_oid("feed_horizon"), &saved);
+	ret = SPI_execute("SELECT CASE WHEN s.is_called THEN s.last_value END FROM status_history.feed_horizon AS s",
+					  true, 1);
+	if (ret == SPI_OK_SELECT && SPI_processed == 1)
+	{
+		Datum		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+
+		if (!isnull)
+			h = DatumGetInt64(d);
+	}
+	sh_restore_user(&saved);
+	SPI_finish();
+	return h;
+}
+
+/*
+ * Persist a horizon given out (WAL-logged, not transactional: a standby
+ * reads it once the commits below it are replayed, as they come before it
+ * in the WAL).  Not from a read-only transaction: a standby's horizon then
+ * lags until the next one (the background worker gives one every
+ * expire_interval).
+ */
+static void
+persist_horizon(TimestampTz h)
+{
+	Oid			seqid;
+	ShSavedUser saved;
+
+	if (XactReadOnly || RecoveryInProgress())
+		return;
+	seqid = sh_relation_oid("feed_horizon");
+	sh_become_owner(seqid, &saved);
+	DirectFunctionCall2(setval_oid, ObjectIdGetDatum(seqid), Int64GetDatum((int64) h));
+	sh_restore_user(&saved);
+}
+
+/*
+ * The stable horizon of this database, now: every row stamped below it is
+ * committed (and visible to a snapshot taken after this) or will never
+ * exist.  Recorded as published (and persisted).  On a standby: the one
+ * the primary persisted last.
+ */
+TimestampTz
+sh_horizon_now(void)
+{
+	TimestampTz h;
+	bool		found;
+	Oid			history = sh_relation_oid("history");
+
+	bool		persisted_read;
+	bool		persist;
+
+	if (RecoveryInProgress())
+		return persisted_horizon();
+	if (horizon == NULL)
+		horizon_attach();
+	LWLockAcquire(&horizon->lock, LW_EXCLUSIVE);
+	found = horizon_db(history)->prepared_found;
+	persisted_read = horizon_db(history)->persisted_read;
+	LWLockRelease(&horizon->lock);
+	/* After a restart (or a promotion): never below what was given out before. */
+	if (!persisted_read)
+	{
+		TimestampTz before = persisted_horizon();
+
+		LWLockAcquire(&horizon->lock, LW_EXCLUSIVE);
+		horizon_db(history)->published = Max(horizon_db(history)->published, before);
+		horizon_db(history)->persisted = Max(horizon_db(history)->persisted, before);
+		horizon_db(history)->persisted_read = true;
+		LWLockRelease(&horizon->lock);
+	}
+	if (!found)
+	{
+		find_prepared_holds();
+		LWLockAcquire(&horizon->lock, LW_EXCLUSIVE);
+		horizon_db(history)->prepared_found = true;
+		LWLockRelease(&horizon->lock);
+	}
+	drop_ended_prepared();
+
+	/* The clock first, the holds second (see the header). */
+	h = sh_clock_last() + 1;
+	LWLockAcquire(&horizon->lock, LW_EXCLUSIVE);
+	for (int i = 0; i < horizon->nholds; i++)
+		if (holds()[i].dbid == MyDatabaseId)	/* (ours too: our rows may roll back) */
+			h = Min(h, holds()[i].held);
+	for (int i = 0; i < horizon->nprepared; i++)
+		if (prepared()[i].dbid == MyDatabaseId)
+			h = Min(h, prepared()[i].held);
+	{
+		HorizonDb  *db = horizon_db(history);
+
+		/* Never back: a hold is never below a horizon returned before it was taken. */
+		h = Max(h, db->published);
+		db->published = h;
+		persist = h > db->persisted && !XactReadOnly;
+		if (persist)
+			db->persisted = h;
+	}
+	LWLockRelease(&horizon->lock);
+	if (persist)
+		persist_horizon(h);
+	return h;
+}
+
+/* SQL: status_history.stable_horizon() */
+Datum
+status_history_stable_horizon(PG_FUNCTION_ARGS)
+{
+	sh_check_version();
+	PG_RETURN_TIMESTAMPTZ(sh_horizon_now());
+}
+
+/* Has prune() removed rows after this position? (Then a consumer there lost rows.) */
+static TimestampTz
+pruned_through(void)
+{
+	ShSavedUser saved;
+	TimestampTz t = DT_NOBEGIN;
+	bool		isnull;
+	int			ret;
+
+	/* (The extension's table: read as its owner.) */
+	sh_become_owner(sh_relation_oid("feed"), &saved);
+	ret = SPI_execute("SELECT f.pruned_through FROM status_history.feed AS f", true, 1);
+	if (ret == SPI_OK_SELECT && SPI_processed == 1)
+	{
+		Datum		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+
+		if (!isnull)
+			t = DatumGetTimestampTz(d);
+	}
+	sh_restore_user(&saved);
+	return t;
+}
+
+/*
+ * SQL: status_history.changes(after timestamptz, max_rows integer,
+ * skip_pruned boolean) -- the history rows with after < occurred_at <
+ * stable_horizon(), oldest first, at most max_rows, read with a snapshot
+ * taken after the horizon.
+ */
+Datum
+status_history_changes(PG_FUNCTION_ARGS)
+{
+	static SPIPlanPtr plan = NULL;
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	TimestampTz after = PG_ARGISNULL(0) ? DT_NOBEGIN : PG_GETARG_TIMESTAMPTZ(0);
+	bool		skip = !PG_ARGISNULL(2) && PG_GETARG_BOOL(2);
+	Oid			types[3] = {TIMESTAMPTZOID, TIMESTAMPTZOID, INT8OID};
+	Datum		args[3];
+	TimestampTz h;
+	TimestampTz through;
+
+	sh_check_version();
+	if (PG_ARGISNULL(1) || PG_GETARG_INT32(1) < 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("max_rows must be at least 1"),
+				 errhint("Pass how many rows one call may return, e.g. 1000.")));
+	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+	h = sh_horizon_now();
+	SPI_connect();
+	through = pruned_through();
+	if (after < through && !skip)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("the history after %s was pruned", PG_ARGISNULL(0) ? "the beginning" : timestamptz_to_str(after)),
+				 errdetail("prune() removed rows stamped up to %s; some of them may not have been read.",
+						   timestamptz_to_str(through)),
+				 errhint("Resynchronize (e.g. from status_history.statuses), then go on from a recent position; or pass skip_pruned => true to go on knowing rows were lost.")));
+	if (plan == NULL)
+		plan = sh_prepare_kept("SELECT h.* FROM status_history.history AS h"
+							   " WHERE h.occurred_at OPERATOR(pg_catalog.>) $1"
+							   "   AND h.occurred_at OPERATOR(pg_catalog.<) $2"
+							   " ORDER BY h.occurred_at LIMIT $3", 3, types);
+	args[0] = TimestampTzGetDatum(after);
+	args[1] = TimestampTzGetDatum(h);
+	args[2] = Int64GetDatum((int64) PG_GETARG_INT32(1));
+	/* A snapshot taken after the horizon: every row below it that committed is in it. */
+	PushActiveSnapshot(GetLatestSnapshot());
+	sh_put_history_rows(rsinfo, plan, args);
+	PopActiveSnapshot();
+	SPI_finish();
+	return (Datum) 0;
+}
+
+void
+sh_horizon_init(void)
+{
+	DefineCustomBoolVariable("status_history.import_below_horizon",
+							 "Lets imports stamp rows below the change feed's stable horizon.",
+							 "Consumers of changes() that read past such a row never see it: tell them to read again.",
+							 &import_below_horizon, false, PGC_SUSET, 0, NULL, NULL, NULL);
+	RegisterXactCallback(horizon_xact_callback, NULL);
+	if (!process_shared_preload_libraries_in_progress)
+		return;
+	prev_shmem_request_hook = shmem_request_hook;
+	shmem_request_hook = horizon_shmem_request;
+	prev_shmem_startup_hook = shmem_startup_hook;
+	shmem_startup_hook = horizon_shmem_startup;
+}
