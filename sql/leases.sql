@@ -249,6 +249,11 @@ SELECT setseed(0.19);
 SELECT lease_workload(300, 5);
 SELECT pg_sleep(0.01);
 SELECT state, view_vs_latest, lapsed > 0 AS some_lapsed FROM lease_mismatches();
+-- In batches: at most max_objects a call (the worker records 1000 a transaction).
+SELECT status_history.expire(1) AS one_at_most;
+\set VERBOSITY sqlstate
+SELECT status_history.expire(0);
+\set VERBOSITY default
 SELECT status_history.expire() > 0 AS recorded_some;
 SELECT state, view_vs_latest, lapsed FROM lease_mismatches();
 -- A replica retired between the rounds: its leased reports are replaced

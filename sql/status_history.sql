@@ -665,14 +665,14 @@ COMMENT ON FUNCTION status_history.prune(integer, interval) IS
 -- Leases: recording the lapses readers already show.
 -- ---------------------------------------------------------------------------
 -- @@ leases: expire()
-CREATE FUNCTION status_history.expire()
+CREATE FUNCTION status_history.expire(max_objects integer DEFAULT NULL)
 RETURNS bigint
 AS 'MODULE_PATHNAME', 'status_history_expire'
 LANGUAGE C VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 
-COMMENT ON FUNCTION status_history.expire() IS
-    'Appends, for every key whose lease ran out while its report was still its newest, the lapse readers already show (stalled, the lapse as error, the key''s replica and generation), each re-checked under its object''s lock; returns the number of rows appended. The background worker calls it every status_history.expire_interval.';
+COMMENT ON FUNCTION status_history.expire(integer) IS
+    'Appends, for every object whose current report''s lease ran out (at most max_objects of them; NULL: all), the lapse readers already show (stalled, the lapse as error, the report''s replica and generation), each re-checked under its object''s lock; returns the number of rows appended. The background worker calls it every status_history.expire_interval, in batches.';
 
 -- Not for PUBLIC: the controller's and the admin's (apply_privileges() below).
 
@@ -818,8 +818,8 @@ DECLARE
         ' status_history.lapse_error(text, timestamptz),'
         ' status_history.stable_horizon(), status_history.changes(timestamptz, integer, boolean)';
     controller_functions CONSTANT text := 'status_history.reconnect(bigint, text, text[]),'
-        ' status_history.retire_replica(text, bigint), status_history.expire()';
-    admin_functions CONSTANT text := 'status_history.prune(integer, interval), status_history.expire()';
+        ' status_history.retire_replica(text, bigint), status_history.expire(integer)';
+    admin_functions CONSTANT text := 'status_history.prune(integer, interval), status_history.expire(integer)';
 BEGIN
     SELECT * INTO r FROM status_history.roles;
     -- Nothing for anyone first: what an earlier version, a recipe, an owner

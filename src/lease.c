@@ -134,15 +134,18 @@ sh_lease_still_due(ShObject *obj, ShKey *key, TimestampTz expected)
 		expected <= GetCurrentStatementStartTimestamp();
 }
 
-/* The ids of the objects whose current report's lease has run out. */
+/* The ids of (at most max of) the objects whose current report's lease has run out. */
 static int
-lapsed_ids(Datum **ids)
+lapsed_ids(int64 max, Datum **ids)
 {
 	static SPIPlanPtr plan = NULL;
+	Oid			types[1] = {INT8OID};
+	Datum		args[1] = {Int64GetDatum(max)};
 
 	return sh_read_ids(&plan, "SELECT o.object_id FROM status_history.objects AS o"
 					   " WHERE o.expires_at OPERATOR(pg_catalog.<=) pg_catalog.statement_timestamp()"
-					   "   AND o.occurred_at IS NOT NULL", 0, NULL, NULL, ids);
+					   "   AND o.occurred_at IS NOT NULL"
+					   " LIMIT $1", 1, types, args, ids);
 }
 
 /* Append the lapses of the locked objects; the insert trigger re-checks each. */
@@ -175,8 +178,9 @@ append_lapses(Datum *ids, int n)
 }
 
 /*
- * SQL: status_history.expire() -- record, for every object whose current
- * report's lease has run out, the lapse readers already show.  The objects
+ * SQL: status_history.expire(max_objects) -- record, for every object (at
+ * most max_objects) whose current report's lease has run out, the lapse
+ * readers already show.  The objects
  * are locked first, in the one fixed order reconnect() and report_many()
  * use, then their lapses appended in one statement.  Returns how many.
  */
@@ -194,7 +198,12 @@ status_history_expire(PG_FUNCTION_ARGS)
 				 errmsg("expire() cannot run on a standby"),
 				 errdetail("It appends to the history; a standby's readers show the lapses without it."),
 				 errhint("Call it on the primary (the background worker does).")));
-	n = lapsed_ids(&ids);
+	if (!PG_ARGISNULL(0) && PG_GETARG_INT32(0) < 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("max_objects must be at least 1"),
+				 errhint("Pass how many lapses one call may record, or NULL for all of them.")));
+	n = lapsed_ids(PG_ARGISNULL(0) ? PG_INT64_MAX : PG_GETARG_INT32(0), &ids);
 	SPI_connect();
 	PG_TRY();
 	{

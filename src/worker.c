@@ -247,6 +247,49 @@ extension_is_ours(void)
 	return ours;
 }
 
+/* Lapses one transaction records at most. */
+#define EXPIRE_BATCH 1000
+
+/* Run a query returning one bigint, in a transaction of its own. */
+static int64
+run_sql(const char *sql)
+{
+	int64		result = 0;
+	bool		isnull;
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, sql);
+	SPI_connect();
+	if (SPI_execute(sql, false, 0) != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "status_history: \"%s\" failed", sql);
+	result = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	SPI_finish();
+	PopActiveSnapshot();
+	CommitTransactionCommand();
+	return isnull ? 0 : result;
+}
+
+/*
+ * Is this the one worker of its database?  A launcher started again (after
+ * it failed) does not know the workers its predecessor started: a second
+ * worker finds the first one's session lock and leaves.
+ */
+static bool
+one_worker_here(void)
+{
+	static bool held = false;
+	LOCKTAG		tag;
+
+	if (held)
+		return true;
+	/* An advisory lock of the database, as pg_try_advisory_lock(key1, key2) takes it. */
+	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, 0x5348, 0x4558, 2);
+	held = LockAcquire(&tag, ExclusiveLock, true, true) != LOCKACQUIRE_NOT_AVAIL;
+	return held;
+}
+
 /*
  * One round in a worker's database (expire() when run is set): false when
  * the worker should leave -- no extension here (at this library's version),
@@ -265,21 +308,19 @@ expire_once(bool run)
 		return false;
 	}
 	PushActiveSnapshot(GetTransactionSnapshot());
-	present = extension_is_ours();
-	if (present && run)
-	{
-		int			ret;
-
-		/* (and the change feed's horizon, so that standbys follow: horizon.c) */
-		pgstat_report_activity(STATE_RUNNING, "SELECT status_history.expire(), status_history.stable_horizon()");
-		SPI_connect();
-		ret = SPI_execute("SELECT status_history.expire(), status_history.stable_horizon()", false, 0);
-		if (ret != SPI_OK_SELECT)
-			elog(ERROR, "status_history: expire() failed: %s", SPI_result_code_string(ret));
-		SPI_finish();
-	}
+	present = extension_is_ours() && one_worker_here();
 	PopActiveSnapshot();
 	CommitTransactionCommand();
+	/*
+	 * A batch per transaction: a mass lapse (a whole replica gone) is
+	 * recorded without holding every object's lock at once, or the memory
+	 * of one huge statement.
+	 */
+	while (present && run && run_sql("SELECT status_history.expire(" CppAsString2(EXPIRE_BATCH) ")") == EXPIRE_BATCH)
+		CHECK_FOR_INTERRUPTS();
+	/* (and the change feed's horizon, so that standbys follow: horizon.c) */
+	if (present && run)
+		(void) run_sql("SELECT pg_catalog.count(status_history.stable_horizon())");
 	pgstat_report_stat(false);
 	pgstat_report_activity(STATE_IDLE, NULL);
 	return present;

@@ -92,12 +92,12 @@ SELECT function_returns('status_history', 'prune', ARRAY['integer', 'interval'],
 SELECT is_definer('status_history', 'prune', ARRAY['integer', 'interval'],
                   'prune() runs as the owner, for admins granted EXECUTE');
 SELECT function_lang_is('status_history', 'prune', ARRAY['integer', 'interval'], 'c', 'prune() is C');
-SELECT has_function('status_history', 'expire', '{}'::name[]);
-SELECT function_returns('status_history', 'expire', '{}'::name[], 'bigint');
-SELECT is_definer('status_history', 'expire', '{}'::name[],
+SELECT has_function('status_history', 'expire', ARRAY['integer']);
+SELECT function_returns('status_history', 'expire', ARRAY['integer'], 'bigint');
+SELECT is_definer('status_history', 'expire', ARRAY['integer'],
                   'expire() runs as the owner, for controllers, admins and the background worker');
-SELECT function_lang_is('status_history', 'expire', '{}'::name[], 'c', 'expire() is C');
-SELECT function_privs_are('status_history', 'expire', '{}'::name[],
+SELECT function_lang_is('status_history', 'expire', ARRAY['integer'], 'c', 'expire() is C');
+SELECT function_privs_are('status_history', 'expire', ARRAY['integer'],
                           'public', '{}', 'expire() is not executable by PUBLIC');
 SELECT col_type_is('status_history', 'replica_state', 'expires_at', 'timestamp with time zone',
                    'a key keeps when its lease runs out');

@@ -78,6 +78,18 @@ is($primary->safe_psql('postgres', q{SELECT count(*) FROM pg_stat_activity
                                       WHERE backend_type = 'status_history expire worker' AND datname = 'plain'}),
 	'0', 'no worker stays in a database without the extension');
 
+# A launcher that ends and is started again does not know its predecessor's
+# workers: the second worker of a database leaves (one stays).
+$primary->safe_psql('postgres', q{SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                                   WHERE backend_type = 'status_history launcher'});
+sleep 25;    # (the launcher is started again after 10 s, and looks at once)
+is($primary->safe_psql('postgres', q{SELECT count(*) FROM pg_stat_activity
+                                      WHERE backend_type = 'status_history launcher'}),
+	'1', 'the launcher is back');
+is($primary->safe_psql('postgres', q{SELECT count(*) FROM pg_stat_activity
+                                      WHERE backend_type = 'status_history expire worker' AND datname = 'postgres'}),
+	'1', 'still one worker per database');
+
 # A database with a worker can be dropped (the worker steps aside).
 $primary->safe_psql('postgres', 'CREATE DATABASE dropme');
 $primary->safe_psql('dropme', 'CREATE EXTENSION status_history');
