@@ -363,6 +363,8 @@ AS $$
            OPERATOR(pg_catalog.||) ' since '
            OPERATOR(pg_catalog.||) pg_catalog.to_char(seen_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US')
            OPERATOR(pg_catalog.||) '+00'
+           OPERATOR(pg_catalog.||) CASE WHEN seen_at OPERATOR(pg_catalog.<) '0001-01-01 00:00:00+00'::pg_catalog.timestamptz
+                                        THEN ' BC' ELSE '' END
 $$;
 
 COMMENT ON FUNCTION status_history.lapse_error(text, timestamptz) IS

@@ -148,6 +148,28 @@ lapsed_ids(int64 max, Datum **ids)
 					   " LIMIT $1", 1, types, args, ids);
 }
 
+/*
+ * Is the history a logical-replication subscription's target here?  Then
+ * heartbeats (which append no row) do not arrive, leases seem to run out,
+ * and lapses recorded here would be rows the publisher never had.
+ */
+static bool
+history_subscribed(void)
+{
+	Oid			types[1] = {OIDOID};
+	Datum		args[1] = {ObjectIdGetDatum(sh_relation_oid("history"))};
+	bool		subscribed;
+
+	SPI_connect();
+	if (SPI_execute_with_args("SELECT 1 FROM pg_catalog.pg_subscription_rel AS s"
+							  " WHERE s.srrelid OPERATOR(pg_catalog.=) $1",
+							  1, types, args, NULL, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "status_history: reading the subscriptions failed");
+	subscribed = SPI_processed > 0;
+	SPI_finish();
+	return subscribed;
+}
+
 /* Append the lapses of the locked objects; the insert trigger re-checks each. */
 static uint64
 append_lapses(Datum *ids, int n)
@@ -198,6 +220,12 @@ status_history_expire(PG_FUNCTION_ARGS)
 				 errmsg("expire() cannot run on a standby"),
 				 errdetail("It appends to the history; a standby's readers show the lapses without it."),
 				 errhint("Call it on the primary (the background worker does).")));
+	if (history_subscribed())
+	{
+		ereport(DEBUG1,
+				(errmsg("status_history: the history is a subscription's target here: no lapses recorded")));
+		PG_RETURN_INT64(0);
+	}
 	if (!PG_ARGISNULL(0) && PG_GETARG_INT32(0) < 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),

@@ -131,7 +131,12 @@ sh_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree,
 	{
 		Oid			schema = get_namespace_oid(SH_SCHEMA, true);
 
-		if (OidIsValid(schema))
+		/*
+		 * Only once the extension is there: a restore creates (and gives
+		 * away) its schema before CREATE EXTENSION, with the library
+		 * preloaded too.
+		 */
+		if (OidIsValid(schema) && OidIsValid(get_extension_oid("status_history", true)))
 		{
 			if (IsA(stmt, GrantStmt))
 				check_grant((GrantStmt *) stmt, schema);

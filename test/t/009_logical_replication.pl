@@ -501,6 +501,19 @@ SKIP:
 	diag($_) for @diff[0 .. ($#diff < 9 ? $#diff : 9)];
 }
 
+# Leases too: a subscriber's expire() records nothing (heartbeats do not
+# reach it, so its leases only seem to run out; a lapse recorded there would
+# be a row the publisher never had).
+is(q1($pub, q{SELECT stale FROM status_history.report('leased', 'running', replica_id => 'r1',
+                                                      generation => 1000000, lease => '1 microsecond')}),
+	'f', 'a leased report on the publisher');
+ok(caught_up($sub, 'sh_sub', 30), 'reached the subscriber');
+is(q1($sub, q{SELECT status FROM status_history.statuses WHERE object_id = 'leased'}), 'stalled',
+	'where its lease has run out');
+is(q1($sub, q{SELECT status_history.expire()}), '0', "the subscriber's expire() records no lapse");
+is(q1($sub, q{SELECT count(*) FROM status_history.history WHERE error LIKE 'lease expired%'}), '0',
+	'and its history has none');
+
 note(sprintf('took %.1f s', time - $t0));
 $_->stop for $sub, $del, $pub;
 done_testing();
