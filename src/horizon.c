@@ -55,6 +55,7 @@
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/snapmgr.h"
+#include "utils/syscache.h"
 #include "utils/timestamp.h"
 
 #include "status_history.h"
@@ -102,6 +103,7 @@ static bool import_below_horizon = false;
 static bool holding = false;	/* this transaction published a hold */
 static bool exit_registered = false;
 static TransactionId preparing_xid = InvalidTransactionId;
+static int	reserved = -1;		/* the prepared slot reserved for this prepare */
 
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
@@ -168,7 +170,10 @@ horizon_shmem_startup(void)
 	horizon_attach();
 }
 
-/* This database's entry (claimed on first use); call with the lock held exclusively. */
+/*
+ * This database's entry (claimed on first use; NULL when every entry is
+ * taken); call with the lock held exclusively.  ensure_db() made sure.
+ */
 static HorizonDb *
 horizon_db(Oid history)
 {
@@ -193,11 +198,7 @@ horizon_db(Oid history)
 			free_db = &horizon->dbs[i];
 	}
 	if (free_db == NULL)
-		ereport(ERROR,
-				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
-				 errmsg("the status_history change feed has no free slot for this database"),
-				 errdetail("It keeps state for at most %d databases per server start.", HORIZON_DBS),
-				 errhint("Restart the server to release the slots of databases that no longer use the extension.")));
+		return NULL;
 	memset(free_db, 0, sizeof(HorizonDb));
 	free_db->dbid = MyDatabaseId;
 	free_db->history = history;
@@ -206,6 +207,45 @@ horizon_db(Oid history)
 }
 
 static void horizon_exit(int code, Datum arg);
+
+/*
+ * Make sure this database has an entry: claim one, freeing those of
+ * databases dropped since (looked up outside the lock, as the clock does).
+ */
+static void
+ensure_db(Oid history)
+{
+	Oid			dbids[HORIZON_DBS];
+	bool		ok;
+
+	if (horizon == NULL)
+		horizon_attach();
+	LWLockAcquire(&horizon->lock, LW_EXCLUSIVE);
+	ok = horizon_db(history) != NULL;
+	for (int i = 0; i < HORIZON_DBS; i++)
+		dbids[i] = horizon->dbs[i].dbid;
+	LWLockRelease(&horizon->lock);
+	if (ok)
+		return;
+	for (int i = 0; i < HORIZON_DBS; i++)
+	{
+		if (!OidIsValid(dbids[i]) || SearchSysCacheExists1(DATABASEOID, ObjectIdGetDatum(dbids[i])))
+			continue;
+		LWLockAcquire(&horizon->lock, LW_EXCLUSIVE);
+		if (horizon->dbs[i].dbid == dbids[i])
+			horizon->dbs[i].dbid = InvalidOid;
+		LWLockRelease(&horizon->lock);
+	}
+	LWLockAcquire(&horizon->lock, LW_EXCLUSIVE);
+	ok = horizon_db(history) != NULL;
+	LWLockRelease(&horizon->lock);
+	if (!ok)
+		ereport(ERROR,
+				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+				 errmsg("the status_history change feed has no free slot for this database"),
+				 errdetail("It keeps state for at most %d databases at once.", HORIZON_DBS),
+				 errhint("Drop databases that no longer use the extension, or restart the server.")));
+}
 
 /* This backend's hold (and, once, the exit callback that lets it go). */
 static Hold *
@@ -258,6 +298,7 @@ sh_horizon_import(TimestampTz stamp, bool refusable)
 	Oid			history = sh_relation_oid("history");
 	TimestampTz published;
 
+	ensure_db(history);
 	LWLockAcquire(&horizon->lock, LW_EXCLUSIVE);
 	published = horizon_db(history)->published;
 	if (stamp < published && !import_below_horizon && refusable)
@@ -294,30 +335,66 @@ release_hold(void)
 	holding = false;
 }
 
-/* PREPARE TRANSACTION: the hold moves to the prepared transaction's xid. */
+/*
+ * PREPARE TRANSACTION, before: the hold gets a prepared slot of its own now
+ * (the prepare fails if none is free), so that it is never dropped after.
+ * A slot whose transaction has ended is free (nobody tells us when a
+ * prepared transaction is committed or rolled back: its xid says).
+ */
 static void
-move_hold_to_prepared(void)
+reserve_prepared(void)
 {
 	Hold	   *h;
 
-	if (!holding)
+	reserved = -1;
+	if (!holding || !TransactionIdIsValid(preparing_xid))
 		return;
 	h = my_hold();
 	LWLockAcquire(&horizon->lock, LW_EXCLUSIVE);
-	for (int i = 0; i < horizon->nprepared && TransactionIdIsValid(preparing_xid); i++)
-	{
-		PreparedHold *p = &prepared()[i];
+	for (int pass = 0; pass < 2 && reserved < 0; pass++)
+		for (int i = 0; i < horizon->nprepared && reserved < 0; i++)
+		{
+			PreparedHold *p = &prepared()[i];
 
-		if (OidIsValid(p->dbid))
-			continue;
-		p->dbid = MyDatabaseId;
-		p->xid = preparing_xid;
-		p->held = h->held;
-		break;
-	}
-	h->dbid = InvalidOid;
+			if (OidIsValid(p->dbid) && (pass == 0 || TransactionIdIsInProgress(p->xid)))
+				continue;
+			p->dbid = MyDatabaseId;
+			p->xid = preparing_xid;
+			p->held = h->held;
+			reserved = i;
+		}
 	LWLockRelease(&horizon->lock);
-	holding = false;
+	if (reserved < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+				 errmsg("the status_history change feed has no slot for this prepared transaction"),
+				 errhint("Commit or roll back prepared transactions first.")));
+}
+
+/* PREPARE TRANSACTION, done: the reserved slot holds; the backend's hold goes. */
+static void
+move_hold_to_prepared(void)
+{
+	if (holding)
+	{
+		LWLockAcquire(&horizon->lock, LW_EXCLUSIVE);
+		my_hold()->dbid = InvalidOid;
+		LWLockRelease(&horizon->lock);
+		holding = false;
+	}
+	reserved = -1;
+}
+
+/* The prepare failed after its slot was reserved: free it. */
+static void
+unreserve_prepared(void)
+{
+	if (reserved < 0)
+		return;
+	LWLockAcquire(&horizon->lock, LW_EXCLUSIVE);
+	prepared()[reserved].dbid = InvalidOid;
+	LWLockRelease(&horizon->lock);
+	reserved = -1;
 }
 
 static void
@@ -327,6 +404,7 @@ horizon_xact_callback(XactEvent event, void *arg)
 	{
 		case XACT_EVENT_PRE_PREPARE:
 			preparing_xid = GetTopTransactionIdIfAny();
+			reserve_prepared();
 			break;
 		case XACT_EVENT_PREPARE:
 			move_hold_to_prepared();
@@ -336,6 +414,7 @@ horizon_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PARALLEL_COMMIT:
 		case XACT_EVENT_PARALLEL_ABORT:
+			unreserve_prepared();
 			release_hold();
 			preparing_xid = InvalidTransactionId;
 			break;
@@ -375,14 +454,24 @@ find_prepared_holds(void)
 	TimestampTz *mins = NULL;
 	int			n = 0;
 	int			max = 0;
-	TransactionId mine = GetTopTransactionIdIfAny();
+	TransactionId *preps;
+	int			nprep;
+	MemoryContext outer = CurrentMemoryContext;
 
 	SPI_connect();
-	ret = SPI_execute("SELECT 1 FROM pg_catalog.pg_prepared_xacts"
-					  " WHERE database OPERATOR(pg_catalog.=) pg_catalog.current_database()", true, 1);
+	ret = SPI_execute("SELECT p.transaction FROM pg_catalog.pg_prepared_xacts AS p"
+					  " WHERE p.database OPERATOR(pg_catalog.=) pg_catalog.current_database()", true, 0);
 	if (ret != SPI_OK_SELECT)
 		elog(ERROR, "status_history: reading the prepared transactions failed");
-	any = SPI_processed > 0;
+	nprep = (int) SPI_processed;
+	any = nprep > 0;
+	preps = MemoryContextAlloc(outer, Max(nprep, 1) * sizeof(TransactionId));
+	for (int i = 0; i < nprep; i++)
+	{
+		bool		isnull;
+
+		preps[i] = DatumGetTransactionId(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &isnull));
+	}
 	SPI_finish();
 	if (!any)
 		return;
@@ -402,7 +491,10 @@ find_prepared_holds(void)
 			!TransactionIdIsNormal(xmin) || !TransactionIdIsInProgress(xmin))
 			continue;
 		top = SubTransGetTopmostTransaction(xmin);
-		if (TransactionIdEquals(top, mine))
+		/* Only prepared transactions' (running ones publish their holds). */
+		for (i = 0; i < nprep && !TransactionIdEquals(preps[i], top); i++)
+			;
+		if (i == nprep)
 			continue;
 		stamp = DatumGetTimestampTz(heap_getattr(tuple, sh_history_cols(RelationGetDescr(rel))->occurred_at,
 												 RelationGetDescr(rel), &isnull));
@@ -531,8 +623,7 @@ sh_horizon_now(void)
 
 	if (RecoveryInProgress())
 		return persisted_horizon();
-	if (horizon == NULL)
-		horizon_attach();
+	ensure_db(history);
 	LWLockAcquire(&horizon->lock, LW_EXCLUSIVE);
 	found = horizon_db(history)->prepared_found;
 	persisted_read = horizon_db(history)->persisted_read;

@@ -162,6 +162,26 @@ drain();
 is(q1(q{SELECT count(*) FROM got1 WHERE object_id = 'across'}), '1', 'its row came once it committed');
 check_consumers('across a kill -9');
 
+# Prepared slots are reused: as many prepared transactions as the server
+# allows commit with no horizon asked for in between, then one more is
+# prepared; its stamp still holds the horizon.
+for my $i (1 .. 20)
+{
+	q1(qq{BEGIN; SELECT count(*) FROM status_history.report('p$i', 'running', generation => 1);
+	      PREPARE TRANSACTION 'fill_$i'});
+	q1(qq{COMMIT PREPARED 'fill_$i'});
+}
+my ($victim_at) = grep { /^\d{4}-/ } split /\n/, q1(q{BEGIN;
+	SELECT occurred_at FROM status_history.report('victim', 'running', generation => 1);
+	PREPARE TRANSACTION 'victim'});
+q1(q{SELECT count(*) FROM status_history.report('after-victim', 'running', generation => 1)});
+is(q1(qq{SELECT status_history.stable_horizon() <= '$victim_at'}), 't',
+	'a prepared transaction after many ended ones still holds the horizon');
+q1(q{COMMIT PREPARED 'victim'});
+drain();
+is(q1(q{SELECT count(*) FROM got1 WHERE object_id IN ('victim', 'after-victim')}), '2', 'and its row came');
+check_consumers('prepared slots reused');
+
 # A standby follows the primary's horizon as replayed: a consumer there
 # reads the same rows, once the horizon given out on the primary has come.
 $node->backup('feedbase');
