@@ -42,6 +42,12 @@ SELECT count(*) AS not_mine_yet FROM status_history.changes() WHERE object_id = 
 ROLLBACK;
 SELECT count(*) AS gone FROM status_history.changes() WHERE object_id = 'c';
 
+-- A stamp from monotonic_now() is no row: it holds nothing up.
+BEGIN;
+SELECT status_history.monotonic_now() AS stamp \gset
+SELECT status_history.stable_horizon() > :'stamp'::timestamptz AS not_held;
+COMMIT;
+
 -- Bad arguments.
 \set VERBOSITY sqlstate
 SELECT * FROM status_history.changes(max_rows => 0);

@@ -360,16 +360,21 @@ clock_raise_bound(ClockSlot *slot, TimestampTz needed, TimestampTz target)
 	PG_END_TRY();
 }
 
-/* The next stamp: greatest(now, last + 1us), never above the persisted bound. */
-TimestampTz
-sh_clock_next(void)
+/*
+ * The next stamp: greatest(now, last + 1us), never above the persisted
+ * bound.  hold: it may become a row, so the change feed holds it first
+ * (horizon.c); monotonic_now()'s stamps do not (nobody could hold the feed
+ * up with them).
+ */
+static TimestampTz
+clock_next(bool hold)
 {
 	ClockSlot  *slot;
 
 	clock_check_writable();
 	slot = clock_ready();
 	/* The change feed's hold first, then the stamp (horizon.c). */
-	if (!sh_horizon_holding())
+	if (hold && !sh_horizon_holding())
 	{
 		TimestampTz newest;
 
@@ -401,6 +406,13 @@ sh_clock_next(void)
 					 errhint("Import stamps no later than the present.")));
 		clock_raise_bound(slot, stamp, stamp + BOUND_AHEAD);
 	}
+}
+
+/* A stamp for a row (the insert trigger). */
+TimestampTz
+sh_clock_next(void)
+{
+	return clock_next(true);
 }
 
 /*
@@ -453,5 +465,5 @@ Datum
 status_history_monotonic_now(PG_FUNCTION_ARGS)
 {
 	sh_check_version();
-	PG_RETURN_TIMESTAMPTZ(sh_clock_next());
+	PG_RETURN_TIMESTAMPTZ(clock_next(false));
 }

@@ -730,6 +730,12 @@ status_history_changes(PG_FUNCTION_ARGS)
 				 errhint("Pass how many rows one call may return, e.g. 1000.")));
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
 	h = sh_horizon_now();
+	/*
+	 * One snapshot, taken after the horizon, for how far prune() went and
+	 * for the rows: every row below the horizon that committed is in it, and
+	 * a prune either is (with its pruned_through) or is not.
+	 */
+	PushActiveSnapshot(GetLatestSnapshot());
 	SPI_connect();
 	through = pruned_through();
 	if (after < through && !skip)
@@ -747,11 +753,9 @@ status_history_changes(PG_FUNCTION_ARGS)
 	args[0] = TimestampTzGetDatum(after);
 	args[1] = TimestampTzGetDatum(h);
 	args[2] = Int64GetDatum((int64) PG_GETARG_INT32(1));
-	/* A snapshot taken after the horizon: every row below it that committed is in it. */
-	PushActiveSnapshot(GetLatestSnapshot());
 	sh_put_history_rows(rsinfo, plan, args);
-	PopActiveSnapshot();
 	SPI_finish();
+	PopActiveSnapshot();
 	return (Datum) 0;
 }
 
