@@ -596,9 +596,14 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 		sh_state_catch_up(obj);
 		complete = true;
 		stamp = DatumGetTimestampTz(values[AT(cols->occurred_at)]);
-		sh_clock_observe(stamp);
-		/* (A subscriber applies what it receives: refusing would stop replication.) */
+		/*
+		 * The change feed's hold first, then the clock (as for a stamp):
+		 * else a horizon between them would pass the import.  (A
+		 * subscriber applies what it receives: refusing would stop
+		 * replication.)
+		 */
 		sh_horizon_import(stamp, !IsLogicalWorker());
+		sh_clock_observe(stamp);
 		sh_state_note_import(obj, obj->last_at != SH_NO_STAMP && stamp <= obj->last_at);
 	}
 	else
