@@ -414,10 +414,13 @@ REVOKE ALL ON FUNCTION status_history.grant_roles(regrole, regrole, regrole, reg
 ALTER TABLE status_history.history ADD COLUMN lease interval;
 COMMENT ON COLUMN status_history.history.lease IS
     'How long the status holds unless its key reports again (a repeat renews it); past it, readers show the key stalled and expire() records that. Positive, in days, hours, minutes and seconds (a day is 24 hours; stored as hours). NULL: no lease.';
-ALTER TABLE status_history.objects ADD COLUMN lease interval, ADD COLUMN expires_at timestamptz;
+ALTER TABLE status_history.objects ADD COLUMN lease interval, ADD COLUMN expires_at timestamptz,
+    ADD COLUMN lapse_error text;
 COMMENT ON COLUMN status_history.objects.lease IS 'Lease of the current report.';
 COMMENT ON COLUMN status_history.objects.expires_at IS
     'When the current report''s lease runs out: its key''s last report or repeat of it, plus the lease; NULL without a lease.';
+COMMENT ON COLUMN status_history.objects.lapse_error IS
+    'The error readers show once the lease has run out: lapse_error(replica, expires_at - lease), written with expires_at (so that statuses need not format it per row).';
 ALTER TABLE status_history.replica_state ADD COLUMN expires_at timestamptz;
 COMMENT ON COLUMN status_history.replica_state.expires_at IS
     'When the lease of the key''s newest non-stale report runs out: when the key last reported it or repeated it, plus its lease; NULL without a lease.';
@@ -484,7 +487,7 @@ CREATE OR REPLACE VIEW status_history.statuses AS
     SELECT o.object_id,
            CASE WHEN l.lapsed THEN 'stalled' ELSE o.status END AS status,
            CASE WHEN l.lapsed
-                THEN status_history.lapse_error(o.replica_id, o.expires_at OPERATOR(pg_catalog.-) o.lease)
+                THEN o.lapse_error
                 ELSE o.error END AS error,
            CASE WHEN l.lapsed THEN NULL ELSE o.details END AS details,
            o.replica_id,

@@ -126,7 +126,8 @@ CREATE TABLE status_history.objects (
     reported_at  timestamptz,
     status_since timestamptz,
     lease        interval,
-    expires_at   timestamptz
+    expires_at   timestamptz,
+    lapse_error  text
 ) WITH (fillfactor = 50);   -- room on the page, so the frequent updates stay HOT
 
 COMMENT ON TABLE status_history.objects IS
@@ -147,6 +148,8 @@ COMMENT ON COLUMN status_history.objects.status_since IS
 COMMENT ON COLUMN status_history.objects.lease IS 'Lease of the current report.';
 COMMENT ON COLUMN status_history.objects.expires_at IS
     'When the current report''s lease runs out: its key''s last report or repeat of it, plus the lease; NULL without a lease.';
+COMMENT ON COLUMN status_history.objects.lapse_error IS
+    'The error readers show once the lease has run out: lapse_error(replica, expires_at - lease), written with expires_at (so that statuses need not format it per row).';
 
 -- The clock's persisted high-water mark, in microseconds since 2000-01-01 UTC.
 -- Stamps are never handed out above it, so after a crash the clock restarts
@@ -374,7 +377,7 @@ CREATE VIEW status_history.statuses AS
     SELECT o.object_id,
            CASE WHEN l.lapsed THEN 'stalled' ELSE o.status END AS status,
            CASE WHEN l.lapsed
-                THEN status_history.lapse_error(o.replica_id, o.expires_at OPERATOR(pg_catalog.-) o.lease)
+                THEN o.lapse_error
                 ELSE o.error END AS error,
            CASE WHEN l.lapsed THEN NULL ELSE o.details END AS details,
            o.replica_id,

@@ -33,7 +33,7 @@ PG_FUNCTION_INFO_V1(status_history_latest);
 	"SELECT o.occurred_at, o.object_id," \
 	"       CASE WHEN l.lapsed THEN 'stalled' ELSE o.status END AS status," \
 	"       CASE WHEN l.lapsed" \
-	"            THEN status_history.lapse_error(o.replica_id, o.expires_at OPERATOR(pg_catalog.-) o.lease)" \
+	"            THEN o.lapse_error" \
 	"            ELSE o.error END AS error," \
 	"       CASE WHEN l.lapsed THEN NULL ELSE o.details END AS details," \
 	"       o.replica_id, o.generation," \

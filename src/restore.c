@@ -73,7 +73,9 @@ status_history_restore_merge(PG_FUNCTION_ARGS)
 		"    ON CONFLICT (object_id) DO UPDATE"
 		"   SET fence = pg_catalog.int8larger(o.fence, excluded.fence),"
 		"       expires_at = CASE WHEN o.occurred_at IS NOT DISTINCT FROM excluded.occurred_at"
-		"                         THEN excluded.expires_at ELSE o.expires_at END",
+		"                         THEN excluded.expires_at ELSE o.expires_at END,"
+		"       lapse_error = CASE WHEN o.occurred_at IS NOT DISTINCT FROM excluded.occurred_at"
+		"                          THEN excluded.lapse_error ELSE o.lapse_error END",
 		"INSERT INTO status_history.floors AS f SELECT ($1).*"
 		"    ON CONFLICT (replica_id) DO UPDATE"
 		"   SET generation = pg_catalog.int8larger(f.generation, excluded.generation)",

@@ -20,7 +20,9 @@
 #include "access/tableam.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
+#include "lib/stringinfo.h"
 #include "utils/builtins.h"
+#include "utils/datetime.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
 
@@ -40,6 +42,45 @@ typedef struct ObjectWrite
 static const char *const report_cols[NREPORT_COLS] = {"status", "error", "details",
 "replica_id", "generation", "reported_at", "lease"};
 
+/*
+ * The error readers show once the current report's lease has run out (as
+ * status_history.lapse_error() writes it: UTC, the era kept), from the
+ * report's row; NULL without a lease.  Written with expires_at, so that
+ * statuses need not format one per row.
+ */
+static Datum
+lapse_error(ShObject *obj, TupleTableSlot *report, bool *null)
+{
+	TupleDesc	rdesc;
+	bool		lnull;
+	bool		rnull;
+	Datum		lease;
+	Datum		replica;
+	struct pg_tm tm;
+	fsec_t		fsec;
+	StringInfoData b;
+
+	*null = true;
+	if (report == NULL || obj->expires_at == SH_NO_STAMP)
+		return (Datum) 0;
+	rdesc = report->tts_tupleDescriptor;
+	lease = slot_getattr(report, sh_history_cols(rdesc)->lease, &lnull);
+	if (lnull)
+		return (Datum) 0;
+	replica = slot_getattr(report, sh_history_cols(rdesc)->replica_id, &rnull);
+	if (timestamp2tm(obj->expires_at - sh_lease_usecs(lease), NULL, &tm, &fsec, NULL, NULL) != 0)
+		return (Datum) 0;
+	initStringInfo(&b);
+	appendStringInfoString(&b, "lease expired: no report");
+	if (!rnull)
+		appendStringInfo(&b, " from replica %s", TextDatumGetCString(replica));
+	appendStringInfo(&b, " since %04d-%02d-%02d %02d:%02d:%02d.%06d+00%s",
+					 tm.tm_year > 0 ? tm.tm_year : -(tm.tm_year - 1), tm.tm_mon, tm.tm_mday,
+					 tm.tm_hour, tm.tm_min, tm.tm_sec, (int) fsec, tm.tm_year > 0 ? "" : " BC");
+	*null = false;
+	return CStringGetTextDatum(b.data);
+}
+
 /* sh_rowwriter's modify(): the object's row from the state and the report. */
 static bool
 object_row(TupleDesc desc, Datum *values, bool *isnull, void *arg)
@@ -47,6 +88,8 @@ object_row(TupleDesc desc, Datum *values, bool *isnull, void *arg)
 	ObjectWrite *w = (ObjectWrite *) arg;
 	ShObject   *obj = w->obj;
 	bool		ok;
+	bool		lnull;
+	Datum		lapse = lapse_error(obj, w->report, &lnull);
 
 	if (!sh_row_text_is(desc, values, isnull, "object_id", obj->id))
 		return false;
@@ -56,7 +99,8 @@ object_row(TupleDesc desc, Datum *values, bool *isnull, void *arg)
 		sh_row_set(desc, values, isnull, "status_since", TimestampTzGetDatum(obj->status_since),
 				   w->report == NULL) &&
 		sh_row_set(desc, values, isnull, "expires_at", TimestampTzGetDatum(obj->expires_at),
-				   w->report == NULL || obj->expires_at == SH_NO_STAMP);
+				   w->report == NULL || obj->expires_at == SH_NO_STAMP) &&
+		sh_row_set(desc, values, isnull, "lapse_error", lapse, lnull);
 	for (int i = 0; ok && i < NREPORT_COLS; i++)
 	{
 		Datum		d = (Datum) 0;
@@ -75,10 +119,10 @@ static void
 update_object_row(ObjectWrite *w)
 {
 	static SPIPlanPtr plan = NULL;
-	Oid			types[12] = {TEXTOID, TIMESTAMPTZOID, TEXTOID, TEXTOID, JSONBOID,
-		TEXTOID, INT8OID, TIMESTAMPTZOID, INTERVALOID, TIMESTAMPTZOID, INT8OID, TIMESTAMPTZOID};
-	Datum		args[12];
-	char		nulls[12];
+	Oid			types[13] = {TEXTOID, TIMESTAMPTZOID, TEXTOID, TEXTOID, JSONBOID,
+		TEXTOID, INT8OID, TIMESTAMPTZOID, INTERVALOID, TIMESTAMPTZOID, INT8OID, TIMESTAMPTZOID, TEXTOID};
+	Datum		args[13];
+	char		nulls[13];
 	bool		isnull;
 	int			ret;
 
@@ -94,8 +138,12 @@ update_object_row(ObjectWrite *w)
 		nulls[1] = nulls[9] = ' ';
 		if (w->obj->expires_at != SH_NO_STAMP)
 		{
+			bool		lnull;
+
 			args[11] = TimestampTzGetDatum(w->obj->expires_at);
 			nulls[11] = ' ';
+			args[12] = lapse_error(w->obj, w->report, &lnull);
+			nulls[12] = lnull ? 'n' : ' ';
 		}
 		for (int i = 0; i < NREPORT_COLS; i++)
 		{
@@ -108,9 +156,9 @@ update_object_row(ObjectWrite *w)
 		plan = sh_prepare_kept("UPDATE status_history.objects AS o"
 							   "   SET occurred_at = $2, status = $3, error = $4, details = $5,"
 							   "       replica_id = $6, generation = $7, reported_at = $8, lease = $9,"
-							   "       status_since = $10, fence = $11, expires_at = $12"
+							   "       status_since = $10, fence = $11, expires_at = $12, lapse_error = $13"
 							   " WHERE o.object_id OPERATOR(pg_catalog.=) $1"
-							   " RETURNING o.ctid", 12, types);
+							   " RETURNING o.ctid", 13, types);
 	ret = sh_execute_own(plan, args, nulls);
 	if (ret != SPI_OK_UPDATE_RETURNING || SPI_processed != 1)
 		elog(ERROR, "status_history: writing back object \"%s\" failed: %s",
