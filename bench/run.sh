@@ -49,6 +49,9 @@ fi
 # worker's idle CPU sampled over WORKER_SECONDS per round.
 : "${RETENTION_PER_OBJECT:=50}" "${RETENTION_KEEP:=5}" "${LATENCY_KEEP:=1}" "${HEARTBEAT_OBJECTS:=100}"
 : "${WORKER_SECONDS:=15}"
+# Change feed (figure 14): FEED_ROWS reports loaded, FEED_READ of them read in
+# pages of FEED_PAGE; IDLE_SESSIONS other sessions connected for 14b.
+: "${FEED_ROWS:=$((BULK * 2))}" "${FEED_READ:=$BULK}" "${FEED_PAGE:=1000}" "${IDLE_SESSIONS:=99}"
 
 : "${QUESTION_PER_OBJECT:=10}"
 : "${GROWTH:=10}" "${RUNS:=3}" "${REPS:=5}" "${CLIENTS:=8}"
@@ -81,6 +84,8 @@ work_mem = '4MB'
 EOF
 }
 conf "$work/data" 54340
+# 14b connects IDLE_SESSIONS more sessions than the default 100 allows beside the others.
+[[ -n "${FIGURES:-}" && " $FIGURES " != *" 14 "* ]] || echo "max_connections = $((IDLE_SESSIONS + 50))" >>"$work/data/postgresql.conf"
 as_pg "$pgbin/pg_ctl" -D "$work/data" -l "$work/server.log" -w start >/dev/null
 export PGHOST="$work" PGPORT=54340 PGUSER=postgres PGDATABASE=postgres
 q() { psql -X -q -At -v ON_ERROR_STOP=1 -c "$1"; }
@@ -138,11 +143,11 @@ load_base="INSERT INTO plain (occurred_at, object_id, status, replica_id)
            SELECT clock_timestamp(), 'obj-' || (i % $OBJECTS), $statuses[1 + (i / $OBJECTS) % 5], 'r' || (i % 3)
              FROM generate_series(0, $n - 1) AS i"
 # The load feeds figures 3, mem, 3b's baseline sizes, 4, 1 and 5; FIGURES naming
-# only figures that load data of their own (6, 6b, 9, 12, 13) skip it.
+# only figures that load data of their own (6, 6b, 9, 12, 13, 14) skip it.
 main_load=1
 if [ -n "${FIGURES:-}" ]; then
     main_load=0
-    for f in $FIGURES; do case $f in 6|6b|9|12|13) ;; *) main_load=1 ;; esac; done
+    for f in $FIGURES; do case $f in 6|6b|9|12|13|14) ;; *) main_load=1 ;; esac; done
 fi
 if [ "$main_load" = 1 ]; then
 echo "-- loading $n reports into each (timed as a bulk append)"
@@ -713,6 +718,124 @@ for size in 0 "$OBJECTS" $((4 * OBJECTS)); do
     row "13d. one expire() call with nothing to expire" "$size objects" "$call_ms" "-" ms value -
 done
 as_pg "$pgbin/pg_ctl" -D "$work/data2" -m fast stop >/dev/null
+fi
+
+# --- 14. the change feed ---------------------------------------------------------------
+# A database of its own, FEED_ROWS reports (one INSERT ... SELECT over OBJECTS
+# objects), vacuumed.  RUNS rounds, which side goes first alternating by
+# round; medians, and every round's value printed.
+if want 14; then
+q "CREATE DATABASE feed"
+PGDATABASE=feed psql -X -q -v ON_ERROR_STOP=1 -f bench/setup.sql >/dev/null
+fq() { PGDATABASE=feed q "$1"; }
+fq "INSERT INTO status_history.history (object_id, status, details, replica_id)
+    SELECT 'f-' || (i % $OBJECTS), $statuses[1 + (i / $OBJECTS) % 5], jsonb_build_object('n', i), 'r1'
+      FROM generate_series(0, $FEED_ROWS - 1) AS i"
+fq "VACUUM ANALYZE"
+# 14a. reading FEED_READ rows from the start of the history, every column of
+# every row handed to PL/pgSQL (a FOR loop over the query; the position is the
+# last row's stamp), as a consumer loop would: in pages of FEED_PAGE rows
+# (changes(position, FEED_PAGE) again and again) and in one call of max_rows
+# FEED_READ, against the same loop over an index range scan of the history's
+# primary key (WHERE occurred_at > position ORDER BY occurred_at LIMIT ...).
+# Each timed as a statement (bench_median_stmt_ms, median of REPS).
+fq "CREATE FUNCTION feed_read(feed boolean, total int, page int) RETURNS bigint LANGUAGE plpgsql AS \$f\$
+DECLARE
+    pos timestamptz := CASE WHEN feed THEN NULL ELSE '-infinity' END;
+    r status_history.history;
+    k int := 0;
+    got int;
+BEGIN
+    LOOP
+        got := 0;
+        IF feed THEN
+            FOR r IN SELECT * FROM status_history.changes(pos, least(page, total - k)) LOOP
+                pos := r.occurred_at; got := got + 1;
+            END LOOP;
+        ELSE
+            FOR r IN SELECT * FROM status_history.history WHERE occurred_at > pos ORDER BY occurred_at LIMIT least(page, total - k) LOOP
+                pos := r.occurred_at; got := got + 1;
+            END LOOP;
+        END IF;
+        k := k + got;
+        EXIT WHEN got = 0 OR k >= total;
+    END LOOP;
+    RETURN k;
+END \$f\$"
+got_e=$(fq "SELECT feed_read(true, $FEED_READ, $FEED_PAGE)"); got_b=$(fq "SELECT feed_read(false, $FEED_READ, $FEED_PAGE)")
+[ "$got_e" = "$FEED_READ" ] && [ "$got_b" = "$FEED_READ" ] || echo "  WARNING: 14a read $got_e (changes) and $got_b (range scan) rows, not $FEED_READ"
+feed_ms() { fq "SELECT round(bench_median_stmt_ms('SELECT feed_read($1, $FEED_READ, $2)', $REPS)::numeric, 3)"; }
+pe=(); pb=(); oe=(); ob=()
+for r in $(seq "$RUNS"); do
+    if [ $((r % 2)) = 1 ]; then
+        pe+=("$(feed_ms true "$FEED_PAGE")"); pb+=("$(feed_ms false "$FEED_PAGE")")
+        oe+=("$(feed_ms true "$FEED_READ")"); ob+=("$(feed_ms false "$FEED_READ")")
+    else
+        pb+=("$(feed_ms false "$FEED_PAGE")"); pe+=("$(feed_ms true "$FEED_PAGE")")
+        ob+=("$(feed_ms false "$FEED_READ")"); oe+=("$(feed_ms true "$FEED_READ")")
+    fi
+done
+pages=$(( (FEED_READ + FEED_PAGE - 1) / FEED_PAGE ))
+echo "  14a. $FEED_READ of $FEED_ROWS rows in $pages pages of $FEED_PAGE: changes() ${pe[*]} ms, range scan ${pb[*]} ms; in one call: changes() ${oe[*]} ms, range scan ${ob[*]} ms"
+per_page() { awk -v a="$1" -v b="$2" -v n="$pages" 'BEGIN {printf "%.1f", (a - b) * 1000 / n}'; }
+mpe=$(median "${pe[@]}"); mpb=$(median "${pb[@]}"); moe=$(median "${oe[@]}"); mob=$(median "${ob[@]}")
+echo "  14a. per page (paged minus one call, over $pages pages): changes() $(per_page "$mpe" "$moe") us, range scan $(per_page "$mpb" "$mob") us; per row: changes() $(awk -v a="$mpe" -v n="$FEED_READ" 'BEGIN {printf "%.2f", a * 1000 / n}') us, range scan $(awk -v a="$mpb" -v n="$FEED_READ" 'BEGIN {printf "%.2f", a * 1000 / n}') us (paged)"
+row "14a. changes() vs index range scan, pages of $FEED_PAGE" "$FEED_READ of $FEED_ROWS rows" "$mpe" "$mpb" ms time -
+row "14a. changes() vs index range scan, one call" "$FEED_READ of $FEED_ROWS rows" "$moe" "$mob" ms time -
+
+# 14b. one stable_horizon() call (pgbench, 1 client, cached plans) against
+# SELECT now(), with this session alone and with IDLE_SESSIONS more connected
+# (pgbench clients sleeping in pg_sleep(30), application_name bench_idle,
+# terminated afterwards).  Microseconds per call, 1e6 / tps.
+hz_ext=$(script horizon_ext "SELECT status_history.stable_horizon();")
+hz_base=$(script horizon_base "SELECT now();")
+us() { awk -v t="$1" 'BEGIN {printf "%.2f", 1e6 / t}'; }
+hz_pair() {   # hz_pair LABEL: RUNS rounds of both sides, alternating
+    local e=() b=() r
+    for r in $(seq "$RUNS"); do
+        if [ $((r % 2)) = 1 ]; then
+            e+=("$(PGDATABASE=feed pgbench -n -M prepared -c 1 -T "$DURATION" -f "$hz_ext" 2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p')")
+            b+=("$(PGDATABASE=feed pgbench -n -M prepared -c 1 -T "$DURATION" -f "$hz_base" 2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p')")
+        else
+            b+=("$(PGDATABASE=feed pgbench -n -M prepared -c 1 -T "$DURATION" -f "$hz_base" 2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p')")
+            e+=("$(PGDATABASE=feed pgbench -n -M prepared -c 1 -T "$DURATION" -f "$hz_ext" 2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p')")
+        fi
+    done
+    echo "  14b. $1: stable_horizon() ${e[*]} tps, now() ${b[*]} tps"
+    local me mb
+    me=$(median "${e[@]}"); mb=$(median "${b[@]}")
+    echo "  14b. $1: stable_horizon() $(us "$me") us per call, now() $(us "$mb") us, difference $(awk -v a="$me" -v b="$mb" 'BEGIN {printf "%.2f", 1e6 / a - 1e6 / b}') us"
+    row "14b. stable_horizon() vs SELECT now() (latency), $1" "1 client" "$(us "$me")" "$(us "$mb")" us time -
+    # The same per call without the client's round trip: HZ_LOOP calls in one
+    # statement (count(f()) FROM generate_series), median of REPS, per call.
+    local le=() lb=()
+    for r in $(seq "$RUNS"); do
+        if [ $((r % 2)) = 1 ]; then le+=("$(hz_loop "status_history.stable_horizon()")"); lb+=("$(hz_loop "now()")")
+        else lb+=("$(hz_loop "now()")"); le+=("$(hz_loop "status_history.stable_horizon()")"); fi
+    done
+    echo "  14b. $1, $HZ_LOOP calls in one statement: stable_horizon() ${le[*]} us per call, now() ${lb[*]} us"
+    row "14b. stable_horizon() vs now(), per call in one statement, $1" "$HZ_LOOP calls" "$(median "${le[@]}")" "$(median "${lb[@]}")" us time -
+}
+: "${HZ_LOOP:=100000}"
+hz_loop() { fq "SELECT round((bench_median_stmt_ms('SELECT count($1) FROM generate_series(1, $HZ_LOOP)', $REPS) * 1000 / $HZ_LOOP)::numeric, 4)"; }
+hz_pair "1 backend connected"
+sleeper=$(script sleeper "SELECT pg_sleep(30);")
+PGAPPNAME=bench_idle PGDATABASE=feed pgbench -n -c "$IDLE_SESSIONS" -j 2 -T 3600 -f "$sleeper" >/dev/null 2>&1 &
+idle_pgbench=$!
+for _ in $(seq 300); do
+    [ "$(q "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'bench_idle'")" -lt "$IDLE_SESSIONS" ] || break
+    sleep 0.1
+done
+echo "  14b. $(q "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'") client backends connected (with this query's), max_connections $(q "SHOW max_connections")"
+hz_pair "$((IDLE_SESSIONS + 1)) backends connected"
+kill "$idle_pgbench" 2>/dev/null || true
+wait "$idle_pgbench" 2>/dev/null || true
+q "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = 'bench_idle'" >/dev/null
+q "DROP DATABASE feed WITH (FORCE)"
+# 14c. the report path with the horizon's bookkeeping against without it
+# cannot be switched off in one build: bench/compare.sh 06f162e HEAD (the
+# commit before the change feed against it) measures it; see docs/BENCHMARKS.md.
+row "14c. report() with horizon bookkeeping vs without: bench/compare.sh 06f162e HEAD" "-" "-" "-" "-" n/a ">= 0.97"
 fi
 
 # --- the table ------------------------------------------------------------------------
