@@ -23,7 +23,9 @@ $node->append_conf('postgresql.conf', "max_prepared_transactions = 20\nmax_conne
 $node->start;
 my $dir = $node->basedir;
 
-sub q1 { return $node->safe_psql('postgres', $_[0]); }
+# The primary the consumers read from (the standby, once promoted).
+my $cur = $node;
+sub q1 { return $cur->safe_psql('postgres', $_[0]); }
 
 q1(q{
 	CREATE EXTENSION status_history;
@@ -196,7 +198,19 @@ is($standby->safe_psql('postgres', q{SELECT status_history.stable_horizon()}), $
 is($standby->safe_psql('postgres', q{SELECT count(*) FROM status_history.changes(NULL, 1000000)}),
 	q1(qq{SELECT count(*) FROM status_history.history WHERE occurred_at < '$h'}),
 	'a consumer on the standby reads every row below it');
-$standby->stop;
 
+# A failover: the primary stops once the standby has everything (as with
+# synchronous replication), the standby is promoted, and the consumers go
+# on there from their positions (kept in got1 and got2, replicated too).
+q1(q{SELECT count(*) FROM status_history.report('before-failover', 'running', generation => 1)});
+$node->wait_for_catchup($standby);
 $node->stop;
+$standby->promote;
+$standby->safe_psql('postgres', q{SELECT count(*) FROM status_history.report('after-failover', 'running', generation => 1)});
+$cur = $standby;
+drain();
+check_consumers('after a failover');
+is(q1(q{SELECT count(*) FROM got1 WHERE object_id IN ('before-failover', 'after-failover')}), '2',
+	'the rows on both sides of the failover came');
+$standby->stop;
 done_testing();
