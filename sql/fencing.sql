@@ -69,6 +69,16 @@ SELECT stale FROM status_history.report('r4', 'running', generation => 922337203
 SELECT stale FROM status_history.report('r4', 'running', generation => 9223372036854775806);
 SELECT stale FROM status_history.report('r4', 'running', generation => 9223372036854775807);
 
+-- status_history.notice_stale: a report recorded stale says why (off by default).
+SELECT count(*) FROM status_history.reconnect(30, object_ids => ARRAY['ns']);
+SET status_history.notice_stale = on;
+SELECT stale FROM status_history.report('ns', 'running', replica_id => 'old', generation => 20);
+SELECT stale FROM status_history.report('ns', 'running', replica_id => 'new', generation => 30);
+SELECT stale FROM status_history.report('ns', 'dropped', replica_id => 'new', generation => 30);
+SELECT stale FROM status_history.report('ns', 'running', replica_id => 'new', generation => 30);
+RESET status_history.notice_stale;
+SELECT stale FROM status_history.report('ns', 'running', replica_id => 'old', generation => 20);
+
 -- reconnect() is for controllers: not executable by PUBLIC.
 CREATE ROLE sh_test_nobody;
 SET ROLE sh_test_nobody;

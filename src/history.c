@@ -163,6 +163,35 @@ static int	max_import_lead = 10000;
 /* status_history.deduplicate: a repeat appends no row, it moves last_seen_at. */
 static bool deduplicate = true;
 
+/* status_history.notice_stale: a report recorded stale says so (NOTICE). */
+static bool notice_stale = false;
+
+/* Tell the reporter its report is recorded stale, and why (notice_stale). */
+static void
+report_stale(ShObject *obj, const char *status, int64 generation, int64 floor)
+{
+	const char *why;
+
+	if (floor == SH_RETIRED)
+		why = "its replica was retired";
+	else if (generation < obj->fence)
+		why = psprintf("its generation %lld is below the object's fence %lld",
+					   (long long) generation, (long long) obj->fence);
+	else if (generation < floor)
+		why = psprintf("its generation %lld is below the floor %lld", (long long) generation,
+					   (long long) floor);
+	else if (obj->has_current && strcmp(obj->status, "dropped") == 0)
+		why = "the object was dropped";
+	else if (strcmp(status, "dropped") == 0)
+		why = "a dropped report cannot come before reports already recorded";
+	else
+		why = "it was given as stale";
+	ereport(NOTICE,
+			(errmsg("report on object \"%s\" recorded stale: %s", text_to_cstring(obj->id), why),
+			 errdetail("A stale report is kept in the history but never becomes current."),
+			 errhint("A controller took over with a higher generation (reconnect()): report with its generation, or stop this reporter.")));
+}
+
 /*
  * A stamp already taken, committed or not, by a different report (another
  * object or status).  The same report again (a re-import) is left to the
@@ -279,6 +308,10 @@ sh_history_init(void)
 							 "A report that repeats its key's newest row appends no row.",
 							 "It moves the key's last_seen_at instead; off records every report.",
 							 &deduplicate, true, PGC_USERSET, 0, NULL, NULL, NULL);
+	DefineCustomBoolVariable("status_history.notice_stale",
+							 "A report recorded stale raises a NOTICE saying why.",
+							 "For development: a stale report is never current, and says nothing otherwise.",
+							 &notice_stale, false, PGC_USERSET, 0, NULL, NULL, NULL);
 }
 
 /* ---- what report() and report_many() return ---- */
@@ -653,6 +686,8 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 		}
 	}
 
+	if (stale && notice_stale && !imported && !sh_fence_in_reconnect())
+		report_stale(obj, status, generation, floor);
 	values[AT(cols->occurred_at)] = TimestampTzGetDatum(stamp);
 	nulls[AT(cols->occurred_at)] = false;
 	values[AT(cols->stale)] = BoolGetDatum(stale);
