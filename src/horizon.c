@@ -47,6 +47,7 @@
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "storage/ipc.h"
+#include "storage/lmgr.h"
 #include "storage/lwlock.h"
 #include "storage/proc.h"
 #include "storage/procarray.h"
@@ -84,6 +85,7 @@ typedef struct HorizonDb
 	Oid			history;		/* the history it describes (a new extension: a new feed) */
 	bool		prepared_found; /* the history was scanned for prepared rows */
 	bool		persisted_read; /* published includes the persisted horizon */
+	TimestampTz written;		/* the newest horizon written to feed_horizon */
 	TimestampTz published;
 	TimestampTz persisted;		/* in status_history.feed_horizon */
 } HorizonDb;
@@ -190,7 +192,7 @@ horizon_db(Oid history)
 				memset(db, 0, sizeof(HorizonDb));
 				db->dbid = MyDatabaseId;
 				db->history = history;
-				db->published = DT_NOBEGIN;
+				db->published = db->persisted = db->written = DT_NOBEGIN;
 			}
 			return db;
 		}
@@ -202,7 +204,7 @@ horizon_db(Oid history)
 	memset(free_db, 0, sizeof(HorizonDb));
 	free_db->dbid = MyDatabaseId;
 	free_db->history = history;
-	free_db->published = DT_NOBEGIN;
+	free_db->published = free_db->persisted = free_db->written = DT_NOBEGIN;
 	return free_db;
 }
 
@@ -592,17 +594,45 @@ persisted_horizon(void)
  * expire_interval).
  */
 static void
-persist_horizon(TimestampTz h)
+persist_horizon(TimestampTz h, Oid history)
 {
 	Oid			seqid;
 	ShSavedUser saved;
+	LockRelId	lockid;
 
 	if (XactReadOnly || RecoveryInProgress())
 		return;
 	seqid = sh_relation_oid("feed_horizon");
-	sh_become_owner(seqid, &saved);
-	DirectFunctionCall2(setval_oid, ObjectIdGetDatum(seqid), Int64GetDatum((int64) h));
-	sh_restore_user(&saved);
+	/*
+	 * One writer at a time, and never a lower one after a higher: two
+	 * callers' horizons could otherwise be written in the other order.  (A
+	 * session lock, released at once: not the caller's transaction's.)
+	 */
+	lockid.relId = seqid;
+	lockid.dbId = MyDatabaseId;
+	LockRelationIdForSession(&lockid, ShareUpdateExclusiveLock);
+	PG_TRY();
+	{
+		bool		newer;
+
+		LWLockAcquire(&horizon->lock, LW_EXCLUSIVE);
+		newer = h > horizon_db(history)->written;
+		LWLockRelease(&horizon->lock);
+		if (newer)
+		{
+			sh_become_owner(seqid, &saved);
+			DirectFunctionCall2(setval_oid, ObjectIdGetDatum(seqid), Int64GetDatum((int64) h));
+			sh_restore_user(&saved);
+			LWLockAcquire(&horizon->lock, LW_EXCLUSIVE);
+			horizon_db(history)->written = Max(horizon_db(history)->written, h);
+			LWLockRelease(&horizon->lock);
+		}
+	}
+	PG_FINALLY();
+	{
+		UnlockRelationIdForSession(&lockid, ShareUpdateExclusiveLock);
+	}
+	PG_END_TRY();
 }
 
 /*
@@ -621,8 +651,14 @@ sh_horizon_now(void)
 	bool		persisted_read;
 	bool		persist;
 
+	/* (A standby: the primary's, as replayed; never back within a session.) */
 	if (RecoveryInProgress())
-		return persisted_horizon();
+	{
+		static TimestampTz seen = DT_NOBEGIN;
+
+		seen = Max(seen, persisted_horizon());
+		return seen;
+	}
 	ensure_db(history);
 	LWLockAcquire(&horizon->lock, LW_EXCLUSIVE);
 	found = horizon_db(history)->prepared_found;
@@ -636,6 +672,7 @@ sh_horizon_now(void)
 		LWLockAcquire(&horizon->lock, LW_EXCLUSIVE);
 		horizon_db(history)->published = Max(horizon_db(history)->published, before);
 		horizon_db(history)->persisted = Max(horizon_db(history)->persisted, before);
+		horizon_db(history)->written = Max(horizon_db(history)->written, before);
 		horizon_db(history)->persisted_read = true;
 		LWLockRelease(&horizon->lock);
 	}
@@ -669,7 +706,7 @@ sh_horizon_now(void)
 	}
 	LWLockRelease(&horizon->lock);
 	if (persist)
-		persist_horizon(h);
+		persist_horizon(h, history);
 	return h;
 }
 
