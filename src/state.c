@@ -80,22 +80,6 @@ static bool state_recheck = false;	/* that table may have been dropped */
 static ShObject *being_written = NULL;	/* sh_write_object() runs for it */
 static SubTransactionId newest_touch = InvalidSubTransactionId;
 
-/*
- * Objects this transaction imported into (supplied occurred_at): their rows'
- * stale flags are the importer's to give, and after an import into their
- * past (below the newest row) a repeat is no longer decided (the key's newest
- * row may be an import not folded yet).  Kept apart from the entries, which
- * may be dropped and read again.
- */
-typedef struct Imported
-{
-	text	   *id;
-	SubTransactionId since;		/* the subtransaction that first imported into it */
-	bool		past;
-	SubTransactionId past_since;	/* the one that first imported into its past */
-} Imported;
-static HTAB *imported = NULL;	/* in TopTransactionContext */
-
 /* obj is read or changed in the current subtransaction: its abort must undo that. */
 static void
 touch(ShObject *obj)
@@ -123,73 +107,12 @@ write_back(ShObject *obj, TupleTableSlot *row)
 	PG_END_TRY();
 }
 
-/* ---- imports ---- */
-
-static Imported *
-imported_entry(ShObject *obj)
-{
-	return imported == NULL ? NULL : hash_search(imported, &obj->id, HASH_FIND, NULL);
-}
-
-/* The insert trigger lets an import into obj be stored (past: below its newest row). */
-void
-sh_state_note_import(ShObject *obj, bool past)
-{
-	Imported   *entry;
-	bool		found;
-
-	if (imported == NULL)
-		imported = sh_text_hash_create("status_history imports", sizeof(Imported),
-									   TopTransactionContext);
-	entry = hash_search(imported, &obj->id, HASH_ENTER, &found);
-	if (!found)
-	{
-		entry->id = (text *) MemoryContextAlloc(TopTransactionContext, VARSIZE_ANY(obj->id));
-		memcpy(entry->id, obj->id, VARSIZE_ANY(obj->id));
-		entry->since = GetCurrentSubTransactionId();
-		entry->past = false;
-	}
-	if (past && !entry->past)
-	{
-		entry->past = true;
-		entry->past_since = GetCurrentSubTransactionId();
-	}
-}
-
-/* An aborted subtransaction's imports are gone: so are their exemptions. */
-static void
-imports_abort(SubTransactionId aborted)
-{
-	HASH_SEQ_STATUS seq;
-	Imported   *entry;
-
-	if (imported == NULL)
-		return;
-	hash_seq_init(&seq, imported);
-	while ((entry = hash_seq_search(&seq)) != NULL)
-	{
-		if (entry->since >= aborted)
-			hash_search(imported, &entry->id, HASH_REMOVE, NULL);
-		else if (entry->past && entry->past_since >= aborted)
-			entry->past = false;
-	}
-}
-
 /* A repeat of key at seen was decided on the object's current report (its newest row is not stale). */
 static void
 note_repeat(ShObject *obj, const ShKey *key, TimestampTz seen)
 {
 	if (key->has_current && key->current_at == key->last_at && seen > key->last_at)
 		obj->repeat_at = Max(obj->repeat_at, seen);
-}
-
-/* May a report on obj be found to repeat its key's newest row? */
-bool
-sh_state_repeats_allowed(ShObject *obj)
-{
-	Imported   *entry = imported_entry(obj);
-
-	return entry == NULL || !entry->past;
 }
 
 /* ---- entries ---- */
@@ -226,34 +149,6 @@ state_create(void)
 	state_recheck = false;
 }
 
-/* Does a folded row of obj still wait for its AFTER event? */
-static bool
-has_waiting(const ShObject *obj)
-{
-	return obj->nopen > 0;
-}
-
-/*
- * Forget the rows an aborted subtransaction stored: they are gone, and their
- * events with them.  (Only an entry that subtransaction touched can have
- * any; it is invalid until read again.)
- */
-static void
-forget_aborted(ShObject *obj)
-{
-	int			kept = 0;
-
-	obj->nopen = 0;
-	for (int i = 0; i < obj->nwaiting; i++)
-	{
-		if (!TransactionIdIsCurrentTransactionId(obj->waiting[i].xmin))
-			continue;
-		obj->waiting[kept++] = obj->waiting[i];
-		obj->nopen += obj->waiting[i].came ? 0 : 1;
-	}
-	obj->nwaiting = kept;
-}
-
 /*
  * Write back and drop the entries nothing waits for: always safe, they are
  * read again when needed.  Not those with a row whose event is due, or one
@@ -271,8 +166,8 @@ state_shrink(void)
 		text	   *id = obj->id;
 
 		if (!obj->valid)
-			forget_aborted(obj);
-		if (has_waiting(obj) || obj->handed > 0)
+			sh_waiting_forget_aborted(obj);
+		if (sh_waiting_any(obj) || obj->handed > 0)
 			continue;
 		if (obj->valid)
 			write_back(obj, NULL);
@@ -352,7 +247,7 @@ sh_state_lock(Datum object_id)
 	 */
 	if (again)
 	{
-		forget_aborted(obj);
+		sh_waiting_forget_aborted(obj);
 		fresh.waiting = obj->waiting;
 		fresh.nwaiting = obj->nwaiting;
 		fresh.maxwaiting = obj->maxwaiting;
@@ -447,137 +342,6 @@ sh_state_stale(const ShObject *obj, int64 generation, int64 floor,
 		(obj->has_current && stamp < obj->current_at && strcmp(status, "dropped") == 0);
 }
 
-/* A stored row, as the fold reads it. */
-typedef struct StoredRow
-{
-	TimestampTz stamp;
-	ItemPointerData tid;
-	TransactionId xmin;			/* the (sub)transaction that stored it */
-	char		status[16];
-	text	   *replica_id;		/* NULL: none (points into the slot) */
-	int64		generation;
-	bool		stale;
-	int64		lease;			/* microseconds; 0: none */
-} StoredRow;
-
-static void
-read_stored(TupleTableSlot *slot, StoredRow *row)
-{
-	const ShHistoryCols *c = sh_history_cols(slot->tts_tupleDescriptor);
-	bool		isnull;
-	Datum		d;
-
-	row->stamp = DatumGetTimestampTz(slot_getattr(slot, c->occurred_at, &isnull));
-	row->tid = slot->tts_tid;
-	row->xmin = DatumGetTransactionId(slot_getsysattr(slot, MinTransactionIdAttributeNumber, &isnull));
-	row->status[0] = '\0';
-	d = slot_getattr(slot, c->status, &isnull);
-	if (!isnull)
-		text_to_cstring_buffer(DatumGetTextPP(d), row->status, sizeof(row->status));
-	d = slot_getattr(slot, c->replica_id, &isnull);
-	row->replica_id = isnull ? NULL : DatumGetTextPP(d);
-	row->generation = DatumGetInt64(slot_getattr(slot, c->generation, &isnull));
-	row->stale = DatumGetBool(slot_getattr(slot, c->stale, &isnull));
-	d = slot_getattr(slot, c->lease, &isnull);
-	row->lease = isnull ? 0 : sh_lease_usecs(d);
-}
-
-/* A stored row the rules refuse: refuse the statement. */
-static void
-refuse_row(const ShObject *obj, const StoredRow *row, const char *why)
-{
-	ereport(ERROR,
-			(errcode(ERRCODE_TRIGGERED_DATA_CHANGE_VIOLATION),
-			 errmsg("report on object \"%s\" stamped %s cannot be stored as it is: %s",
-					text_to_cstring(obj->id), timestamptz_to_str(row->stamp), why),
-			 errdetail("Its generation, replica, status or stale flag was changed after the extension decided it, or a report on the same object was made while it was being inserted."),
-			 errhint("Do not change these columns in a trigger that fires after history_insert, and report on an object from its own statement, not from a trigger or constraint of another report on it.")));
-}
-
-/* The entry of the row stamped stamp among those folded while events were due, or NULL. */
-static ShWaiting *
-find_waiting(ShObject *obj, TimestampTz stamp)
-{
-	int			lo = 0;
-	int			hi = obj->nwaiting - 1;
-
-	while (lo <= hi)
-	{
-		int			mid = (lo + hi) / 2;
-
-		if (obj->waiting[mid].stamp == stamp)
-			return &obj->waiting[mid];
-		if (obj->waiting[mid].stamp < stamp)
-			lo = mid + 1;
-		else
-			hi = mid - 1;
-	}
-	return NULL;
-}
-
-/*
- * A row was folded: note whether its AFTER event is still due (!came).  A
- * row whose event came needs noting only while others are due (else the
- * state is written at once).  A row known already (a state read again folds
- * its rows again) keeps its entry.
- */
-static void
-note_folded(ShObject *obj, const StoredRow *row, bool came)
-{
-	ShWaiting  *w = find_waiting(obj, row->stamp);
-	int			at;
-
-	if (w != NULL)
-	{
-		if (came && !w->came)
-		{
-			w->came = true;
-			obj->nopen--;
-		}
-		return;
-	}
-	if (came && obj->nopen == 0)
-		return;
-	if (obj->nwaiting == obj->maxwaiting)
-	{
-		obj->maxwaiting = Max(8, obj->maxwaiting * 2);
-		obj->waiting = obj->waiting == NULL ?
-			MemoryContextAlloc(state_cxt, obj->maxwaiting * sizeof(ShWaiting)) :
-			repalloc(obj->waiting, obj->maxwaiting * sizeof(ShWaiting));
-	}
-	/* Rows are folded in stamp order, so usually it goes last. */
-	at = obj->nwaiting;
-	while (at > 0 && obj->waiting[at - 1].stamp > row->stamp)
-		at--;
-	memmove(&obj->waiting[at + 1], &obj->waiting[at], (obj->nwaiting - at) * sizeof(ShWaiting));
-	obj->nwaiting++;
-	obj->waiting[at].stamp = row->stamp;
-	obj->waiting[at].xmin = row->xmin;
-	obj->waiting[at].came = came;
-	obj->nopen += came ? 0 : 1;
-}
-
-/* The AFTER event of the folded row stamped stamp has come: true if it was due. */
-static bool
-event_came(ShObject *obj, TimestampTz stamp)
-{
-	ShWaiting  *w = find_waiting(obj, stamp);
-
-	if (w == NULL || w->came)
-		return false;
-	w->came = true;
-	obj->nopen--;
-	return true;
-}
-
-/* No row's event is due: the state is written now, and covers every row noted. */
-static void
-forget_came(ShObject *obj)
-{
-	if (obj->nopen == 0)
-		obj->nwaiting = 0;
-}
-
 /*
  * Fold one stored row, newer than every row folded so far, into obj.  Unless
  * its own AFTER event is what folds it (event), it waits for that event.
@@ -585,24 +349,24 @@ forget_came(ShObject *obj)
 static void
 fold(ShObject *obj, TupleTableSlot *slot, bool event)
 {
-	StoredRow	row;
+	ShStoredRow	row;
 	ShKey	   *key;
-	bool		imports = imported_entry(obj) != NULL;
+	bool		imports = sh_state_imported(obj);
 
-	read_stored(slot, &row);
+	sh_read_stored(slot, &row);
 	if (!row.stale && !imports)
 	{
 		int64		floor = sh_fence_floor(PointerGetDatum(row.replica_id), row.replica_id == NULL);
 
 		if (sh_state_stale(obj, row.generation, floor, row.status, row.stamp))
-			refuse_row(obj, &row, "it is below the object's fence or a floor, from a retired replica, or after a dropped report");
+			sh_refuse_row(obj, &row, "it is below the object's fence or a floor, from a retired replica, or after a dropped report");
 	}
 	key = key_for(obj, row.replica_id);
 	if (!imports && key->last_seen_at > row.stamp)
-		refuse_row(obj, &row, "a repeat of its key was decided without it while it was being inserted");
+		sh_refuse_row(obj, &row, "a repeat of its key was decided without it while it was being inserted");
 	/* Another key's repeat relied on the object's current report being what it was then. */
 	if (!imports && !row.stale && obj->repeat_at > row.stamp)
-		refuse_row(obj, &row, "a repeat of another key, decided on the object's current report without it, was made while it was being inserted");
+		sh_refuse_row(obj, &row, "a repeat of another key, decided on the object's current report without it, was made while it was being inserted");
 	key->last_at = row.stamp;
 	key->last_tid = row.tid;
 	/* A controller's re-stamped copy is not a sighting of the replica (but a new key's first row is all it has). */
@@ -634,50 +398,7 @@ fold(ShObject *obj, TupleTableSlot *slot, bool event)
 		obj->dirty = true;
 	}
 	obj->last_at = row.stamp;
-	note_folded(obj, &row, event);
-}
-
-/* An index scan of the object's stored rows (SnapshotSelf), above after unless SH_NO_STAMP. */
-typedef struct RowScan
-{
-	Relation	rel;
-	Relation	index;
-	IndexScanDesc scan;
-	TupleTableSlot *slot;
-} RowScan;
-
-static void
-rows_begin(RowScan *s, ShObject *obj, TimestampTz after)
-{
-	ScanKeyData keys[2];
-	int			nkeys = after != SH_NO_STAMP ? 2 : 1;
-
-	s->rel = table_open(sh_relation_oid("history"), AccessShareLock);
-	s->index = index_open(sh_relation_oid("history_object_idx"), AccessShareLock);
-	s->slot = table_slot_create(s->rel, NULL);
-	ScanKeyInit(&keys[0], 1, BTEqualStrategyNumber, F_TEXTEQ, PointerGetDatum(obj->id));
-	keys[0].sk_collation = s->index->rd_indcollation[0];
-	ScanKeyInit(&keys[1], 2, BTGreaterStrategyNumber, F_TIMESTAMP_GT, TimestampTzGetDatum(after));
-	s->scan = index_beginscan(s->rel, s->index, SnapshotSelf, nkeys, 0);
-	index_rescan(s->scan, keys, nkeys, NULL, 0);
-}
-
-static void
-rows_end(RowScan *s)
-{
-	index_endscan(s->scan);
-	ExecDropSingleTupleTableSlot(s->slot);
-	index_close(s->index, AccessShareLock);
-	table_close(s->rel, AccessShareLock);
-}
-
-/* The stored row stamped stamp, into slot (ours included, as the catch-up scans see them). */
-static bool
-stored_by_stamp(TimestampTz stamp, TupleTableSlot **slot, Relation *rel)
-{
-	*rel = table_open(sh_relation_oid("history"), AccessShareLock);
-	*slot = table_slot_create(*rel, NULL);
-	return sh_history_find_stamp(*rel, stamp, *slot);
+	sh_waiting_note(obj, row.stamp, row.xmin, event);
 }
 
 /*
@@ -715,7 +436,7 @@ catch_up(ShObject *obj, TupleTableSlot *event)
 			TupleTableSlot *slot;
 			Relation	rel;
 
-			if (stored_by_stamp(obj->handed_at, &slot, &rel))
+			if (sh_stored_by_stamp(obj->handed_at, &slot, &rel))
 				fold(obj, slot, false);
 			ExecDropSingleTupleTableSlot(slot);
 			table_close(rel, AccessShareLock);
@@ -723,9 +444,9 @@ catch_up(ShObject *obj, TupleTableSlot *event)
 	}
 	else
 	{
-		RowScan		s;
+		ShRowScan		s;
 
-		rows_begin(&s, obj, obj->last_at);
+		sh_rows_begin(&s, obj, obj->last_at);
 		/* The index is by occurred_at DESC: backwards is oldest first. */
 		while (index_getnext_slot(s.scan, BackwardScanDirection, s.slot))
 		{
@@ -736,7 +457,7 @@ catch_up(ShObject *obj, TupleTableSlot *event)
 			fold(obj, s.slot, mine);
 			found |= mine;
 		}
-		rows_end(&s);
+		sh_rows_end(&s);
 	}
 	if (obj->last_at >= obj->handed_at)
 	{
@@ -785,41 +506,10 @@ sh_state_catch_up_for(ShObject *obj, int status, bool stale)
 {
 	if (obj->handed > 0 && obj->handed_at > obj->last_at && !obj->handed_dropped &&
 		!obj->handed_stale && obj->handed_status != status && !stale &&
-		imported_entry(obj) == NULL)	/* (an importer's rows are not checked when folded) */
+		!sh_state_imported(obj))	/* (an importer's rows are not checked when folded) */
 		return false;
 	(void) catch_up(obj, NULL);
 	return true;
-}
-
-/* The current report and its run of one status, found walking rows newest first. */
-typedef struct Run
-{
-	bool		has_current;
-	bool		open;			/* no other status met since the current report */
-	TimestampTz current_at;
-	TimestampTz since;
-	ItemPointerData current_tid;
-	char		status[16];
-} Run;
-
-/* Walk one more non-stale row (older than those walked) into run. */
-static void
-run_walk(Run *run, const StoredRow *row)
-{
-	if (!run->has_current)
-	{
-		run->has_current = run->open = true;
-		run->current_at = run->since = row->stamp;
-		run->current_tid = row->tid;
-		strlcpy(run->status, row->status, sizeof(run->status));
-	}
-	else if (run->open)
-	{
-		if (strcmp(run->status, row->status) == 0)
-			run->since = row->stamp;
-		else
-			run->open = false;
-	}
 }
 
 /*
@@ -832,13 +522,13 @@ run_walk(Run *run, const StoredRow *row)
 static void
 refold_past(ShObject *obj, TupleTableSlot *slot)
 {
-	StoredRow	row;
+	ShStoredRow	row;
 	ShKey	   *key;
-	Run			orun = {0};
-	Run			krun = {0};
-	RowScan		s;
+	ShRun			orun = {0};
+	ShRun			krun = {0};
+	ShRowScan		s;
 
-	read_stored(slot, &row);
+	sh_read_stored(slot, &row);
 	key = key_for(obj, row.replica_id);
 	if (key->last_at == SH_NO_STAMP || row.stamp > key->last_at)
 	{
@@ -852,20 +542,20 @@ refold_past(ShObject *obj, TupleTableSlot *slot)
 	if (row.stale)
 		return;
 
-	rows_begin(&s, obj, SH_NO_STAMP);
+	sh_rows_begin(&s, obj, SH_NO_STAMP);
 	while ((orun.open || !orun.has_current || krun.open || !krun.has_current) &&
 		   index_getnext_slot(s.scan, ForwardScanDirection, s.slot))
 	{
-		StoredRow	r;
+		ShStoredRow	r;
 
-		read_stored(s.slot, &r);
+		sh_read_stored(s.slot, &r);
 		if (r.stale)
 			continue;
-		run_walk(&orun, &r);
+		sh_run_walk(&orun, &r);
 		if (same_replica(key->replica_id, r.replica_id))
-			run_walk(&krun, &r);
+			sh_run_walk(&krun, &r);
 	}
-	rows_end(&s);
+	sh_rows_end(&s);
 
 	obj->has_current = key->has_current = true;	/* (row is one) */
 	obj->current_at = orun.current_at;
@@ -900,20 +590,20 @@ sh_state_after_row(HeapTuple tuple, TupleDesc desc)
 	ExecStoreHeapTuple(tuple, slot, false);
 	stamp = DatumGetTimestampTz(slot_getattr(slot, c->occurred_at, &isnull));
 	obj = sh_state_lock(slot_getattr(slot, c->object_id, &isnull));
-	if (!catch_up(obj, slot) && !event_came(obj, stamp))
+	if (!catch_up(obj, slot) && !sh_waiting_came(obj, stamp))
 	{
 		/* Not folded: stored after rows with later stamps were folded. */
-		StoredRow	row;
+		ShStoredRow	row;
 
-		read_stored(slot, &row);
-		if (imported_entry(obj) == NULL)
-			refuse_row(obj, &row, "a report on the object stamped later was stored (and decided) before it");
+		sh_read_stored(slot, &row);
+		if (!sh_state_imported(obj))
+			sh_refuse_row(obj, &row, "a report on the object stamped later was stored (and decided) before it");
 		refold_past(obj, slot);
 	}
-	if (!has_waiting(obj))
+	if (!sh_waiting_any(obj))
 	{
 		write_back(obj, slot);
-		forget_came(obj);
+		sh_waiting_settled(obj);
 	}
 	ExecDropSingleTupleTableSlot(slot);
 }
@@ -1060,7 +750,7 @@ state_xact_callback(XactEvent event, void *arg)
 			/* The memory is gone with the transaction. */
 			state_cxt = NULL;
 			objects = NULL;
-			imported = NULL;
+			sh_imports_reset();
 			being_written = NULL;
 			newest_touch = InvalidSubTransactionId;
 			sh_notify_reset();
@@ -1077,7 +767,7 @@ state_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 	/* Its rows, locks and writes are gone: so is what the entries read or folded in it. */
 	if (event == SUBXACT_EVENT_ABORT_SUB)
 	{
-		imports_abort(mySubid);
+		sh_imports_abort(mySubid);
 		sh_rowwriter_subabort(mySubid);
 	}
 	if (event == SUBXACT_EVENT_ABORT_SUB && objects != NULL && newest_touch >= mySubid)

@@ -5,9 +5,13 @@
  * util.c       shared helpers: relations and columns by name, SPI as the extension owner,
  *              kept SPI plans, the version check
  * clock.c      the monotonic clock (monotonic_now)
- * history.c    the triggers on status_history.history, report() and report_many()
+ * history.c    the triggers on status_history.history
+ * report.c     report() and report_many(); capturing the rows they stored
  * lock.c       locking an object's row; reading its row and its keys' rows
  * state.c      the transaction's per-object state: folding stored rows into it (the rule)
+ * stored.c     an object's stored rows as the fold reads them: a row, a scan, a run
+ * waiting.c    folded rows whose AFTER events are still due
+ * imports.c    the objects this transaction imported into
  * writeback.c  writing an object's state back to its rows; notifying changes
  * rowwrite.c   writing one row by its TID (or a new one) without a statement; kept writers
  * utility.c    utility commands: GRANTs and owner changes refused on the extension's objects
@@ -20,13 +24,16 @@
  * prune.c      prune(): removing old history, and the one DELETE the history lets through
  * lease.c      leases: checking them, when they run out, expire() recording the lapses
  * worker.c     the background worker that calls expire() in every database that has the extension
- * horizon.c    the change feed: the stable horizon (stamps still held) and changes()
+ * horizon.c    the change feed's horizon: stamps still held (per backend, prepared)
+ * feed.c       stable_horizon() and changes(): the feed as SQL sees it
  * questions.c  history_of(), intervals() and time_in_status(): the history over a window
  */
 #ifndef STATUS_HISTORY_H
 #define STATUS_HISTORY_H
 
 #include "postgres.h"
+#include "access/genam.h"
+#include "commands/trigger.h"
 #include "executor/spi.h"
 #include "nodes/execnodes.h"
 #include "utils/hsearch.h"
@@ -165,6 +172,59 @@ typedef struct ShWaiting
 	bool		came;
 } ShWaiting;
 
+/* A stored row, as the fold reads it. */
+typedef struct ShStoredRow
+{
+	TimestampTz stamp;
+	ItemPointerData tid;
+	TransactionId xmin;			/* the (sub)transaction that stored it */
+	char		status[16];
+	text	   *replica_id;		/* NULL: none (points into the slot) */
+	int64		generation;
+	bool		stale;
+	int64		lease;			/* microseconds; 0: none */
+} ShStoredRow;
+
+/* An index scan of the object's stored rows (SnapshotSelf), above after unless SH_NO_STAMP. */
+typedef struct ShRowScan
+{
+	Relation	rel;
+	Relation	index;
+	IndexScanDesc scan;
+	TupleTableSlot *slot;
+} ShRowScan;
+
+/* The current report and its run of one status, found walking rows newest first. */
+typedef struct ShRun
+{
+	bool		has_current;
+	bool		open;			/* no other status met since the current report */
+	TimestampTz current_at;
+	TimestampTz since;
+	ItemPointerData current_tid;
+	char		status[16];
+} ShRun;
+
+/* stored.c */
+extern void sh_read_stored(TupleTableSlot *slot, ShStoredRow *row);
+extern void sh_refuse_row(const ShObject *obj, const ShStoredRow *row, const char *why) pg_attribute_noreturn();
+extern void sh_rows_begin(ShRowScan *s, ShObject *obj, TimestampTz after);
+extern void sh_rows_end(ShRowScan *s);
+extern bool sh_stored_by_stamp(TimestampTz stamp, TupleTableSlot **slot, Relation *rel);
+extern void sh_run_walk(ShRun *run, const ShStoredRow *row);
+
+/* imports.c */
+extern bool sh_state_imported(ShObject *obj);
+extern void sh_imports_abort(SubTransactionId aborted);
+extern void sh_imports_reset(void);
+
+/* waiting.c */
+extern bool sh_waiting_any(const ShObject *obj);
+extern void sh_waiting_forget_aborted(ShObject *obj);
+extern void sh_waiting_note(ShObject *obj, TimestampTz stamp, TransactionId xmin, bool came);
+extern bool sh_waiting_came(ShObject *obj, TimestampTz stamp);
+extern void sh_waiting_settled(ShObject *obj);
+
 /* lock.c */
 extern bool sh_lock_object(Datum object_id, int64 new_fence, ShObject *obj);
 extern void sh_read_keys(ShObject *obj, MemoryContext cxt);
@@ -232,6 +292,10 @@ extern void sh_notify_subxact(bool commit);
 extern const char *const sh_statuses[SH_NSTATUSES];
 extern int	sh_status_index(Datum status);
 extern void sh_history_init(void);
+
+/* report.c */
+extern void sh_capture_before(TriggerData *td, TimestampTz stamp, HeapTuple repeated);
+extern void sh_capture_stored(TriggerData *td, const ShHistoryCols *cols);
 
 /* latest.c */
 extern void sh_put_history_rows(ReturnSetInfo *rsinfo, SPIPlanPtr plan, Datum *args);
