@@ -240,6 +240,20 @@ typedef struct KeyWrite
 	const ShKey *key;
 } KeyWrite;
 
+/* A key row's columns of its current report (NULL without one). */
+static bool
+key_current(TupleDesc desc, Datum *values, bool *isnull, const ShKey *k)
+{
+	return sh_row_set(desc, values, isnull, "occurred_at", TimestampTzGetDatum(k->current_at),
+					  !k->has_current) &&
+		sh_row_set(desc, values, isnull, "status",
+				   k->has_current ? CStringGetTextDatum(k->status) : (Datum) 0, !k->has_current) &&
+		sh_row_set(desc, values, isnull, "status_since", TimestampTzGetDatum(k->status_since),
+				   !k->has_current) &&
+		sh_row_set(desc, values, isnull, "expires_at", TimestampTzGetDatum(k->expires_at),
+				   !k->has_current || k->expires_at == SH_NO_STAMP);
+}
+
 /* sh_rowwriter's modify(): the key's row from its state; last_seen_at only grows. */
 static bool
 key_row(TupleDesc desc, Datum *values, bool *isnull, void *arg)
@@ -257,14 +271,7 @@ key_row(TupleDesc desc, Datum *values, bool *isnull, void *arg)
 		sh_row_set(desc, values, isnull, "last_seen_at",
 				   TimestampTzGetDatum(Max(DatumGetTimestampTz(values[seen - 1]), k->last_seen_at)),
 				   false) &&
-		sh_row_set(desc, values, isnull, "occurred_at", TimestampTzGetDatum(k->current_at),
-				   !k->has_current) &&
-		sh_row_set(desc, values, isnull, "status",
-				   k->has_current ? CStringGetTextDatum(k->status) : (Datum) 0, !k->has_current) &&
-		sh_row_set(desc, values, isnull, "status_since", TimestampTzGetDatum(k->status_since),
-				   !k->has_current) &&
-		sh_row_set(desc, values, isnull, "expires_at", TimestampTzGetDatum(k->expires_at),
-				   !k->has_current || k->expires_at == SH_NO_STAMP);
+		key_current(desc, values, isnull, k);
 }
 
 /* sh_rowwriter's fill(): a key's first row. */
@@ -279,14 +286,7 @@ new_key_row(TupleDesc desc, Datum *values, bool *isnull, void *arg)
 				   k->replica_id == NULL) &&
 		sh_row_set(desc, values, isnull, "last_at", TimestampTzGetDatum(k->last_at), false) &&
 		sh_row_set(desc, values, isnull, "last_seen_at", TimestampTzGetDatum(k->last_seen_at), false) &&
-		sh_row_set(desc, values, isnull, "occurred_at", TimestampTzGetDatum(k->current_at),
-				   !k->has_current) &&
-		sh_row_set(desc, values, isnull, "status",
-				   k->has_current ? CStringGetTextDatum(k->status) : (Datum) 0, !k->has_current) &&
-		sh_row_set(desc, values, isnull, "status_since", TimestampTzGetDatum(k->status_since),
-				   !k->has_current) &&
-		sh_row_set(desc, values, isnull, "expires_at", TimestampTzGetDatum(k->expires_at),
-				   !k->has_current || k->expires_at == SH_NO_STAMP);
+		key_current(desc, values, isnull, k);
 }
 
 /* The fallback for a key whose row's TID is not known (or is no longer its row): an upsert. */
