@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the README's scenario on a throw-away cluster and prints what an
+# Runs the front page's scenario (docs/demo.sql) on a throw-away cluster and prints what an
 # operator would look at.  Installs what it needs first.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,4 +1,4 @@
--- pgTAP: the four roles of the README's "Roles" section, set up exactly as
+-- pgTAP: the four roles of the "Roles" section of docs/OPERATIONS.md, set up exactly as
 -- documented there, each checked for what it may do and what it may not
 -- (with the SQLSTATE).  Run by pg_prove as a superuser; SET ROLE acts as each.
 \set ON_ERROR_STOP 1
@@ -11,7 +11,7 @@ CREATE EXTENSION IF NOT EXISTS pgtap;
 CREATE EXTENSION status_history;
 SELECT plan(57);
 
--- The recipe (README, "Roles"): the roles, then the shipped function that
+-- The recipe (docs/OPERATIONS.md, "Roles"): the roles, then the shipped function that
 -- grants each its part (PUBLIC no longer reads).
 CREATE ROLE sh_reporter NOLOGIN;
 CREATE ROLE sh_controller NOLOGIN;

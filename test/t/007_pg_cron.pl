@@ -1,4 +1,4 @@
-# The pg_cron recipe of the README ("Scheduling with pg_cron"), run as
+# The pg_cron recipe of docs/OPERATIONS.md ("Scheduling with pg_cron"), run as
 # written: a server with pg_cron preloaded, a history with many reports per
 # (object, replica) key, stale reports and a dropped object, the job
 # scheduled with cron.schedule(), and a bounded wait for a succeeded run in
@@ -66,7 +66,7 @@ cmp_ok(q1('SELECT count(*) FROM expected'), '<', $rows_before, 'prune(2) has row
 my $jobid = q1(q{SELECT cron.schedule('status-history-prune', '* * * * *', 'SELECT status_history.prune(2)')});
 like($jobid, qr/^\d+$/, 'the job is scheduled');
 
-# The README's recipe for leases without the background worker ("Detect dead
+# The recipe of docs/REFERENCE.md for leases without the background worker ("Detect dead
 # reporters"), in another database: a reporter that went silent, and
 # expire() scheduled there; it runs in the same minute as prune().
 q1('CREATE DATABASE leases');
