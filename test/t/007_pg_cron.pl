@@ -66,7 +66,7 @@ cmp_ok(q1('SELECT count(*) FROM expected'), '<', $rows_before, 'prune(2) has row
 my $jobid = q1(q{SELECT cron.schedule('status-history-prune', '* * * * *', 'SELECT status_history.prune(2)')});
 like($jobid, qr/^\d+$/, 'the job is scheduled');
 
-# The recipe of docs/REFERENCE.md for leases without the background worker ("Detect dead
+# The recipe of docs/REFERENCE.md for leases without the background worker ("Leases: detecting dead
 # reporters"), in another database: a reporter that went silent, and
 # expire() scheduled there; it runs in the same minute as prune().
 q1('CREATE DATABASE leases');
