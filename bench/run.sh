@@ -83,11 +83,11 @@ synchronous_commit = off
 work_mem = '4MB'
 EOF
 }
-conf "$work/data" 54340
+conf "$work/data" "${BENCH_PORT:-54340}"
 # 14b connects IDLE_SESSIONS more sessions than the default 100 allows beside the others.
 [[ -n "${FIGURES:-}" && " $FIGURES " != *" 14 "* ]] || echo "max_connections = $((IDLE_SESSIONS + 50))" >>"$work/data/postgresql.conf"
 as_pg "$pgbin/pg_ctl" -D "$work/data" -l "$work/server.log" -w start >/dev/null
-export PGHOST="$work" PGPORT=54340 PGUSER=postgres PGDATABASE=postgres
+export PGHOST="$work" PGPORT="${BENCH_PORT:-54340}" PGUSER=postgres PGDATABASE=postgres
 q() { psql -X -q -At -v ON_ERROR_STOP=1 -c "$1"; }
 psql -X -q -v ON_ERROR_STOP=1 -f bench/setup.sql >/dev/null
 
@@ -147,7 +147,7 @@ load_base="INSERT INTO plain (occurred_at, object_id, status, replica_id)
 main_load=1
 if [ -n "${FIGURES:-}" ]; then
     main_load=0
-    for f in $FIGURES; do case $f in 6|6b|9|12|13|14) ;; *) main_load=1 ;; esac; done
+    for f in $FIGURES; do case $f in 6|6b|9|12|13|14|counts) ;; *) main_load=1 ;; esac; done
 fi
 if [ "$main_load" = 1 ]; then
 echo "-- loading $n reports into each (timed as a bulk append)"
@@ -667,11 +667,11 @@ q "DROP DATABASE lapses"
 # OBJECTS and 4 x OBJECTS objects; RUNS rounds each.  Also one expire() call
 # timed at each size (the median of 21 in one session).
 as_pg "$pgbin/initdb" -D "$work/data2" -A trust >/dev/null
-conf "$work/data2" 54341
+conf "$work/data2" "$((${BENCH_PORT:-54340} + 1))"
 echo "shared_preload_libraries = 'status_history'" >>"$work/data2/postgresql.conf"
 as_pg "$pgbin/pg_ctl" -D "$work/data2" -l "$work/server2.log" -w start >/dev/null
-wq() { PGPORT=54341 q "$1"; }
-PGPORT=54341 psql -X -q -v ON_ERROR_STOP=1 -f bench/setup.sql >/dev/null
+wq() { PGPORT=$((${BENCH_PORT:-54340} + 1)) q "$1"; }
+PGPORT=$((${BENCH_PORT:-54340} + 1)) psql -X -q -v ON_ERROR_STOP=1 -f bench/setup.sql >/dev/null
 interval_ms=$(wq "SHOW status_history.expire_interval")
 wpid=""
 for _ in $(seq 150); do
@@ -836,6 +836,11 @@ q "DROP DATABASE feed WITH (FORCE)"
 # cannot be switched off in one build: bench/compare.sh 06f162e HEAD (the
 # commit before the change feed against it) measures it; see docs/BENCHMARKS.md.
 row "14c. report() with horizon bookkeeping vs without: bench/compare.sh 06f162e HEAD" "-" "-" "-" "-" n/a ">= 0.97"
+fi
+
+# --- counts: the physical work per report (bench/counts.sh) ---------------------------
+if want counts; then
+source bench/counts.sh
 fi
 
 # --- the table ------------------------------------------------------------------------
