@@ -14,8 +14,9 @@
 #            here that the machine's noise moves
 # Workloads: report() one per transaction (1 client, then COUNT_CLIENTS
 # sessions at once), a plain INSERT into a table with the same columns and
-# one (object_id, occurred_at) index, and figure 1's "same work by hand"
-# statement; reconnect() over every object against an
+# one (object_id, occurred_at) index, and the same work written by hand
+# (bench/setup.sql: hand_report(), figure 1's baseline) and as figure 1
+# wrote it before issue 21 (one statement, no key row); reconnect() over every object against an
 # INSERT ... SELECT of as many rows; a bulk INSERT ... SELECT into the
 # history against the same into the plain table.  Sessions send prepared
 # statements (PREPARE once, EXECUTE per transaction, autocommit), so no
@@ -42,6 +43,7 @@ cq "INSERT INTO status_history.history (object_id, status, replica_id)
 cq "INSERT INTO plain SELECT * FROM status_history.history"
 cq "INSERT INTO hand_history SELECT * FROM status_history.history"
 cq "INSERT INTO hand_objects SELECT * FROM status_history.objects"
+cq "INSERT INTO hand_keys SELECT * FROM status_history.replica_state"
 cq "VACUUM ANALYZE"
 q "ALTER SYSTEM SET autovacuum = off"
 q "SELECT pg_reload_conf()" >/dev/null
@@ -80,14 +82,15 @@ session_sql() {   # session_sql KIND N SEED
         report) echo "SET status_history.deduplicate = off;"
                 echo "PREPARE w(int, int) AS SELECT status_history.report('obj-' || \$1, $statuses[\$2], NULL, NULL, 'r1', 0);" ;;
         plain)  echo "PREPARE w(int, int) AS INSERT INTO plain (occurred_at, object_id, status, replica_id) VALUES (clock_timestamp(), 'obj-' || \$1, $statuses[\$2], 'r1');" ;;
+        hand)   echo "PREPARE w(int, int) AS SELECT hand_report('obj-' || \$1, $statuses[\$2], 'r1');" ;;
         hand_old) echo "PREPARE w(int, int) AS $hand_old_sql;" ;;
     esac
     awk -v n="$n" -v seed="$seed" -v objs="$COUNT_OBJECTS" \
         'BEGIN {srand(seed); for (i = 0; i < n; i++) printf "EXECUTE w(%d, %d);\n", int(rand() * objs), 1 + int(rand() * 5)}'
     echo "$cpu_now;"
 }
-# Figure 1's "same work by hand" statement (no key row; figure 1 sends it
-# with the simple protocol, here it is prepared).
+# Figure 1's "same work by hand" statement before issue 21 (no key row;
+# figure 1 sent it with the simple protocol, here it is prepared).
 hand_old_sql="WITH i AS (
     INSERT INTO hand_history (occurred_at, object_id, status, replica_id)
     VALUES (status_history.monotonic_now(), 'obj-' || \$1, $statuses[\$2], 'r1')
@@ -164,13 +167,14 @@ one_statement() {   # one_statement SQL
 }
 
 warm=$((COUNT_TX / 5))
-for kind in report plain hand_old; do
+for kind in report plain hand hand_old; do
     run_sessions "$kind" "$warm" 1 7 >/dev/null
 done
 for c in 1 "$COUNT_CLIENTS"; do
     count "report(), $c sessions" "$COUNT_TX" report run_sessions report "$COUNT_TX" "$c" $((100 * c))
     count "plain INSERT, $c sessions" "$COUNT_TX" report run_sessions plain "$COUNT_TX" "$c" $((100 * c))
-    count "by hand, figure 1's statement (no key row), $c sessions" "$COUNT_TX" report run_sessions hand_old "$COUNT_TX" "$c" $((100 * c))
+    count "by hand (hand_report()), $c sessions" "$COUNT_TX" report run_sessions hand "$COUNT_TX" "$c" $((100 * c))
+    count "by hand before issue 21 (one statement, no key row), $c sessions" "$COUNT_TX" report run_sessions hand_old "$COUNT_TX" "$c" $((100 * c))
 done
 count "reconnect() over every object" "$COUNT_OBJECTS" object \
     one_statement "SELECT count(*) FROM status_history.reconnect(1)"
