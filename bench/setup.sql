@@ -34,9 +34,10 @@ INSERT INTO hand_floors VALUES (NULL, 0);
 -- function, so every statement's plan is cached per session (as report()'s
 -- SPI plans are), doing what report() does for one non-repeating report --
 -- read the floors, lock the object's row before taking a stamp (so that one
--- object's stamp order is commit order), read its key, stamp from the
--- extension's clock, decide stale, insert the history row (two indexes),
--- update the object's row and the key's row (HOT, as report()'s are).  It
+-- object's stamp order is commit order), stamp from the extension's clock,
+-- decide stale, insert the history row (two indexes), update the object's
+-- row and the key's row (HOT, as report()'s are; each run of a status kept
+-- from the row's old values).  It
 -- relies on the object and its key existing (bench/run.sh copies them from
 -- the extension's tables after the load); a missing key is inserted.
 CREATE FUNCTION hand_report(p_object text, p_status text, p_replica text) RETURNS timestamptz
@@ -44,13 +45,11 @@ LANGUAGE plpgsql AS $$
 DECLARE
     fl bigint;
     o hand_objects;
-    k hand_keys;
     stamp timestamptz;
 BEGIN
     SELECT max(f.generation) INTO fl FROM hand_floors AS f
      WHERE f.replica_id IS NULL OR f.replica_id = p_replica;
     SELECT * INTO o FROM hand_objects AS h WHERE h.object_id = p_object FOR NO KEY UPDATE;
-    SELECT * INTO k FROM hand_keys AS h WHERE h.object_id = p_object AND h.replica_id = p_replica;
     stamp := status_history.monotonic_now();
     INSERT INTO hand_history (occurred_at, object_id, status, replica_id, generation, stale)
     VALUES (stamp, p_object, p_status, p_replica, 0, 0 < o.fence OR 0 < fl);
@@ -61,7 +60,7 @@ BEGIN
      WHERE h.object_id = p_object;
     UPDATE hand_keys AS h
        SET last_at = stamp, last_seen_at = stamp, occurred_at = stamp, status = p_status, expires_at = NULL,
-           status_since = CASE WHEN k.status = p_status THEN k.status_since ELSE stamp END
+           status_since = CASE WHEN h.status = p_status THEN h.status_since ELSE stamp END
      WHERE h.object_id = p_object AND h.replica_id = p_replica;
     IF NOT FOUND THEN
         INSERT INTO hand_keys VALUES (p_object, p_replica, stamp, stamp, stamp, p_status, stamp, NULL);
