@@ -143,7 +143,7 @@ load_base="INSERT INTO plain (occurred_at, object_id, status, replica_id)
            SELECT clock_timestamp(), 'obj-' || (i % $OBJECTS), $statuses[1 + (i / $OBJECTS) % 5], 'r' || (i % 3)
              FROM generate_series(0, $n - 1) AS i"
 # The load feeds figures 3, mem, 3b's baseline sizes, 4, 1 and 5; FIGURES naming
-# only figures that load data of their own (6, 6b, 9, 12, 13, 14) skip it.
+# only figures that load data of their own (6, 6b, 9, 12, 13, 14, counts) skip it.
 main_load=1
 if [ -n "${FIGURES:-}" ]; then
     main_load=0
