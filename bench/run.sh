@@ -258,9 +258,9 @@ base=$(script append_base "\\set obj random(0, $((OBJECTS - 1)))
 \\set st random(1, 5)
 INSERT INTO plain (occurred_at, object_id, status, replica_id) VALUES (clock_timestamp(), 'obj-' || :obj, $statuses[:st], 'r1');")
 # The second baseline: report()'s work written by hand (bench/setup.sql,
-# hand_report(): floors read, the object's row locked, its key read, a stamp
-# from the extension's clock, the history row with the history's two indexes,
-# the object's row and the key's row updated), both sides sent as prepared
+# hand_report(): floors read, the object's row locked, a stamp from the
+# extension's clock, the history row with the history's two indexes, the
+# object's row and the key's row updated), both sides sent as prepared
 # statements (-M prepared: parsed once per connection; hand_report()'s
 # statements are PL/pgSQL's cached plans, report()'s are kept SPI plans).
 # Until issue 21 this baseline was one statement without the key row, sent
