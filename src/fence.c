@@ -332,14 +332,15 @@ set_lock_timeout(int ms)
 }
 
 /*
- * Lock every object in ids (sorted), creating missing ones.  One attempt runs
+ * Lock every object in ids (sorted), creating missing ones; keep: and read
+ * their states (else only their rows are locked).  One attempt runs
  * in a subtransaction whose lock waits may add up to reconnect_lock_timeout
  * (lock_timeout shrinks as it is spent); when a wait times out, everything
  * the attempt locked is released, the holder of that object is waited for
  * without holding anything, and the attempt starts over.
  */
 void
-sh_fence_lock_scope(Datum *ids, int n)
+sh_fence_lock_scope(Datum *ids, int n, bool keep)
 {
 	MemoryContext cxt = CurrentMemoryContext;
 	ResourceOwner owner = CurrentResourceOwner;
@@ -365,7 +366,10 @@ sh_fence_lock_scope(Datum *ids, int n)
 			{
 				TimestampTz start = back_off ? GetCurrentTimestamp() : 0;
 
-				(void) sh_state_lock(ids[at]);
+				if (keep)
+					(void) sh_state_lock(ids[at]);
+				else
+					sh_state_lock_row(ids[at]);
 				if (back_off)
 				{
 					int64		took = GetCurrentTimestamp() - start;
@@ -557,6 +561,7 @@ status_history_reconnect(PG_FUNCTION_ARGS)
 	Datum		replica_id = replica_null ? (Datum) 0 : PG_GETARG_DATUM(1);
 	Datum	   *ids;
 	int			n;
+	int			part;
 
 	sh_check_version();
 	check_reconnect_args(fcinfo);
@@ -585,28 +590,45 @@ status_history_reconnect(PG_FUNCTION_ARGS)
 			n = listed_ids(PG_GETARG_ARRAYTYPE_P(2), &ids);
 		}
 		n = sh_sort_ids(ids, n);
-		sh_fence_lock_scope(ids, n);
-		for (int i = 0; i < n; i++)
-		{
-			ShObject   *obj = sh_state_lock(ids[i]);
-
-			sh_state_catch_up(obj);
-			if (obj->fence > generation)
-				sh_fence_refuse(generation, obj->fence,
-								psprintf("object \"%s\"", TextDatumGetCString(ids[i])));
-		}
-		/* The copies below are read from the state tables: bring them up to date. */
-		sh_state_settle();
-		/* Raised fences are written with the copies' write-backs, or after them. */
-		sh_state_raise_fences(ids, n, generation);
 		/*
-		 * Only now: the rows folded before (a caller's earlier reports)
-		 * are reports, not copies.
+		 * A scope larger than the cache (status_history.cache_max_objects)
+		 * is locked whole, keeping no state, then done in parts of half the
+		 * cache, each part's states dropped after it: else every pass below
+		 * would read every state again (and write each fence on its own),
+		 * and the copies' INSERT, whose objects all wait for their AFTER
+		 * events, would hold more states than the cache at once.
 		 */
-		sh_fence_set_in_reconnect(true);
-		if (n > 0)
-			append_copies(rsinfo, ids, n, generation, replica_id, replica_null);
-		sh_state_write_fences(ids, n);
+		part = n <= sh_state_cache_max() ? Max(n, 1) : Max(sh_state_cache_max() / 2, 1);
+		sh_fence_lock_scope(ids, n, part >= n);
+		for (int from = 0; from < n; from += part)
+		{
+			Datum	   *p = ids + from;
+			int			m = Min(part, n - from);
+
+			for (int i = 0; i < m; i++)
+			{
+				ShObject   *obj = sh_state_lock(p[i]);
+
+				sh_state_catch_up(obj);
+				if (obj->fence > generation)
+					sh_fence_refuse(generation, obj->fence,
+									psprintf("object \"%s\"", TextDatumGetCString(p[i])));
+			}
+			/* The copies below are read from the state tables: bring them up to date. */
+			sh_state_settle();
+			/* Raised fences are written with the copies' write-backs, or after them. */
+			sh_state_raise_fences(p, m, generation);
+			/*
+			 * Only now: the rows folded before (a caller's earlier reports)
+			 * are reports, not copies.
+			 */
+			sh_fence_set_in_reconnect(true);
+			append_copies(rsinfo, p, m, generation, replica_id, replica_null);
+			sh_state_write_fences(p, m);
+			sh_fence_set_in_reconnect(false);
+			if (part < n)
+				sh_state_forget_settled();
+		}
 	}
 	PG_FINALLY();
 	{

@@ -237,7 +237,7 @@ status_history_expire(PG_FUNCTION_ARGS)
 		n = sh_sort_ids(ids, n);
 		if (n > 0)
 		{
-			sh_fence_lock_scope(ids, n);
+			sh_fence_lock_scope(ids, n, true);
 			for (int i = 0; i < n; i++)
 				sh_state_catch_up(sh_state_lock(ids[i]));
 			/* The lapses are read from the state tables: bring them up to date. */

@@ -188,7 +188,7 @@ status_history_retire_replica(PG_FUNCTION_ARGS)
 								"every object (database-wide)");
 			n = current_from(replica_id, &ids);
 			n = sh_sort_ids(ids, n);
-			sh_fence_lock_scope(ids, n);
+			sh_fence_lock_scope(ids, n, true);
 			for (int i = 0; i < n && !gen_null; i++)
 			{
 				ShObject   *obj = sh_state_lock(ids[i]);

@@ -46,7 +46,9 @@
  * What is not -- which folded rows' AFTER events are due, and which came --
  * is kept across a read again, less the rows the abort took (by their xmin).
  * Past status_history.cache_max_objects entries, entries no event is due for
- * are written back and dropped, but never while one is being written.
+ * are written back and dropped, but never while one is being written; when
+ * most entries cannot be dropped, not again before their number has doubled
+ * (shrink_at).
  */
 #include "postgres.h"
 
@@ -79,6 +81,16 @@ static Oid	state_relid = InvalidOid;	/* the objects table the entries describe *
 static bool state_recheck = false;	/* that table may have been dropped */
 static ShObject *being_written = NULL;	/* sh_write_object() runs for it */
 static SubTransactionId newest_touch = InvalidSubTransactionId;
+/*
+ * Entries at which the next shrink runs: cache_max_objects, or twice what
+ * the last shrink left when that was more than half of it.  Entries that
+ * cannot be dropped (an event due: every object of a statement still running,
+ * e.g. reconnect()'s copies or a bulk INSERT over more objects than the
+ * cache holds) would otherwise make every new entry scan them all again:
+ * quadratic.  This way each shrink is paid for by as many new entries as it
+ * visited, at the price of keeping up to twice as many entries as must be.
+ */
+static long shrink_at = 0;
 
 /* obj is read or changed in the current subtransaction: its abort must undo that. */
 static void
@@ -125,6 +137,7 @@ state_discard(void)
 	state_cxt = NULL;
 	objects = NULL;
 	newest_touch = InvalidSubTransactionId;
+	shrink_at = 0;
 }
 
 /* The table the entries describe is gone (DROP and CREATE EXTENSION in one transaction). */
@@ -145,6 +158,7 @@ state_create(void)
 	state_cxt = AllocSetContextCreate(TopTransactionContext, "status_history object state",
 									  ALLOCSET_DEFAULT_SIZES);
 	objects = sh_text_hash_create("status_history object state", sizeof(ShObject), state_cxt);
+	shrink_at = 0;
 	state_relid = sh_relation_oid("objects");
 	state_recheck = false;
 }
@@ -159,6 +173,7 @@ state_shrink(void)
 {
 	HASH_SEQ_STATUS seq;
 	ShObject   *obj;
+	long		before = hash_get_num_entries(objects);
 
 	hash_seq_init(&seq, objects);
 	while ((obj = hash_seq_search(&seq)) != NULL)
@@ -178,6 +193,9 @@ state_shrink(void)
 		hash_search(objects, &id, HASH_REMOVE, NULL);
 		pfree(id);
 	}
+	shrink_at = Max((long) cache_max_objects, 2 * hash_get_num_entries(objects));
+	elog(DEBUG1, "status_history: %ld of %ld cached object states dropped, next at %ld",
+		 before - hash_get_num_entries(objects), before, shrink_at);
 }
 
 /*
@@ -215,7 +233,8 @@ sh_state_lock(Datum object_id)
 		return obj;
 	}
 	again = obj != NULL;
-	if (!again && being_written == NULL && hash_get_num_entries(objects) >= cache_max_objects)
+	if (!again && being_written == NULL &&
+		hash_get_num_entries(objects) >= Max((long) cache_max_objects, shrink_at))
 		state_shrink();
 
 	/* Locking may run (and roll back) a subtransaction of its own. */
@@ -273,6 +292,50 @@ sh_state_lock(Datum object_id)
 	*obj = fresh;
 	touch(obj);
 	return obj;
+}
+
+/*
+ * Lock the object's row (creating it, with the fence of a new object) and
+ * keep nothing of it: reconnect() over more objects than the cache holds
+ * locks its whole scope first, then reads the states a part at a time.  The
+ * row lock is held to the end of the transaction (or of the subtransaction,
+ * should it abort).
+ */
+void
+sh_state_lock_row(Datum object_id)
+{
+	ShObject	tmp;
+	ShObject   *obj;
+	text	   *id = DatumGetTextPP(object_id);
+
+	state_check_table();
+	if (objects != NULL)
+	{
+		obj = hash_search(objects, &id, HASH_FIND, NULL);
+		if (obj != NULL && obj->valid)
+			return;				/* locked in this transaction already */
+	}
+	memset(&tmp, 0, sizeof(tmp));
+	ItemPointerSetInvalid(&tmp.current_tid);
+	tmp.current_at = tmp.status_since = tmp.last_at = tmp.expires_at = SH_NO_STAMP;
+	tmp.id = id;
+	(void) sh_lock_object(object_id, sh_fence_new_object(), &tmp);
+}
+
+/* Objects whose state one transaction keeps (status_history.cache_max_objects). */
+int
+sh_state_cache_max(void)
+{
+	return cache_max_objects;
+}
+
+/* Write back and drop every entry nothing waits for (reconnect(), between the parts of its scope). */
+void
+sh_state_forget_settled(void)
+{
+	state_check_table();
+	if (objects != NULL && being_written == NULL)
+		state_shrink();
 }
 
 /* Is r the replica of key (NULL: no replica)? */
@@ -753,6 +816,7 @@ state_xact_callback(XactEvent event, void *arg)
 			sh_imports_reset();
 			being_written = NULL;
 			newest_touch = InvalidSubTransactionId;
+			shrink_at = 0;
 			sh_notify_reset();
 			break;
 	}

@@ -232,6 +232,9 @@ extern void sh_read_keys(ShObject *obj, MemoryContext cxt);
 /* state.c */
 extern void sh_state_init(void);
 extern ShObject *sh_state_lock(Datum object_id);
+extern void sh_state_lock_row(Datum object_id);
+extern int	sh_state_cache_max(void);
+extern void sh_state_forget_settled(void);
 extern void sh_state_catch_up(ShObject *obj);
 extern bool sh_state_catch_up_for(ShObject *obj, int status, bool stale);
 extern void sh_state_handed(ShObject *obj, TimestampTz stamp, int status, bool stale);
@@ -317,7 +320,7 @@ extern int	sh_sort_ids(Datum *ids, int n);
 /* The floor of a retired replica: above every generation. */
 #define SH_RETIRED PG_INT64_MAX
 extern bool sh_fence_retire(Datum replica_id);
-extern void sh_fence_lock_scope(Datum *ids, int n);
+extern void sh_fence_lock_scope(Datum *ids, int n, bool keep);
 extern void sh_fence_put_returned_rows(ReturnSetInfo *rsinfo);
 extern void sh_fence_refuse(int64 generation, int64 fence, const char *what);
 extern void sh_check_generation(int64 generation, const char *hint);

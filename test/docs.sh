@@ -4,7 +4,10 @@
 # (test/docs.pl says how).  Pages may be named: test/docs.sh docs/REFERENCE.md
 # Uses the server in PGHOST/PGPORT when one answers, else a throw-away one.
 set -euo pipefail
+pages=()
+for p in "$@"; do pages+=("$(realpath "$p")"); done
 cd "$(dirname "$0")/.."
+set -- ${pages[@]+"${pages[@]}"}
 source test/deps.sh
 if [ $# -eq 0 ]; then
     set -- README.md docs/*.md $(find examples -name README.md 2>/dev/null | sort)

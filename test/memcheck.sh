@@ -1,26 +1,30 @@
 #!/usr/bin/env bash
 # C safety: the regression and isolation suites with the extension built with
-# -fsanitize=undefined, on a server running under valgrind memcheck.
+# -fsanitize=undefined, on servers running under valgrind memcheck.
 #
 # Debian's server is not built for AddressSanitizer, and preloading libasan
 # into it deadlocks in glibc's bindtextdomain at start-up, so memory errors are
 # caught by valgrind instead.  PostgreSQL itself has valgrind noise (it has
 # its own suppression file, which Debian does not ship), so only errors whose
 # stack passes through status_history count.  The instrumented library is
-# installed for the run and the normal build is put back afterwards.  It is
-# built, and the suites run, from a copy of the tree under /tmp, so the server
-# (run as postgres when run as root) need not be able to read the checkout.
+# installed into a private copy of the server's directories (PostgreSQL finds
+# its libraries relative to its binaries), so the system's installation is
+# never touched.  It is built, and the suites run, from a copy of the tree
+# under /tmp, so the server (run as postgres when run as root) need not be
+# able to read the checkout.  The tests are dealt to two servers that run at
+# once (a server under valgrind keeps one core busy).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 source test/deps.sh
 
-work=$(mktemp -d /tmp/status_history_memcheck.XXXXXX)
+pg=""
+# (no "status_history" in the name: errors are told ours by that word in their stacks)
+work=$(mktemp -d /tmp/sh_memcheck.XXXXXX)
 chmod 755 "$work"
 as_pg() { if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 cleanup() {
-    as_pg pg_ctl -D "$work/data" -m immediate stop >/dev/null 2>&1 || true
-    cd "$root" && sh_build_install
+    [ -z "$pg" ] || for d in "$work"/data*; do as_pg "$pg/bin/pg_ctl" -D "$d" -m immediate stop >/dev/null 2>&1 || true; done
     [ -n "${SH_KEEP:-}" ] || rm -rf "$work"
 }
 trap cleanup EXIT
@@ -37,31 +41,57 @@ fi
 cd "$work/tree"
 san="-fsanitize=undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 make -s PG_CONFIG="$PG_CONFIG" COPT="$san" >/dev/null
-sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
-$sudo make -s PG_CONFIG="$PG_CONFIG" COPT="$san" install >/dev/null
 
-mkdir "$work/reports"
-[ "$(id -u)" -eq 0 ] && chown -R postgres "$work"
-as_pg initdb -D "$work/data" -A trust >/dev/null
-as_pg env UBSAN_OPTIONS="print_stacktrace=1:log_path=$work/reports/ubsan" \
-    valgrind --quiet --trace-children=yes --num-callers=30 \
-    --suppressions="$work/tree/test/valgrind.supp" \
-    --log-file="$work/reports/valgrind.%p" \
-    postgres -D "$work/data" -p 54331 -k "$work" -c listen_addresses='' \
-    >"$work/server.log" 2>&1 &
-for _ in $(seq 1 60); do
-    psql -h "$work" -p 54331 -U postgres -Xqc 'SELECT 1' postgres >/dev/null 2>&1 && break
-    sleep 1
-done
+# The private installation: the server's directories, then the instrumented build.
+pg="$work/root/usr/lib/postgresql/15"
+mkdir -p "$work/root/usr/lib/postgresql" "$work/root/usr/share/postgresql"
+cp -a /usr/lib/postgresql/15 "$work/root/usr/lib/postgresql/"
+cp -a /usr/share/postgresql/15 "$work/root/usr/share/postgresql/"
+rm -f "$work"/root/usr/share/postgresql/15/extension/status_history*
+make -s PG_CONFIG="$PG_CONFIG" COPT="$san" DESTDIR="$work/root" install >/dev/null
 
-status=0
 # The deadlocks spec relies on short lock timeouts and pauses, which a server
 # running 20-50 times slower under valgrind does not keep: left out here.
-iso=$(cd test/specs && ls *.spec | sed 's/\.spec$//' | grep -vx deadlocks | tr '\n' ' ')
-if ! PGHOST="$work" PGPORT=54331 PGUSER=postgres make -s PG_CONFIG="$PG_CONFIG" ISOLATION="$iso" installcheck; then
-    status=1
-    cat regression.diffs output_iso/regression.diffs 2>/dev/null || true
-fi
+regress=($(ls sql/*.sql | sed 's|^sql/||; s/\.sql$//' | grep -v '^status_history'))
+iso=($(cd test/specs && ls *.spec | sed 's/\.spec$//' | grep -vx deadlocks))
+
+mkdir "$work/reports"
+cp -a "$work/tree" "$work/tree1"
+[ "$(id -u)" -eq 0 ] && chown -R postgres "$work"
+pids=()
+for n in 0 1; do
+    as_pg "$pg/bin/initdb" -D "$work/data$n" -A trust >/dev/null
+    as_pg env UBSAN_OPTIONS="print_stacktrace=1:log_path=$work/reports/ubsan" \
+        valgrind --quiet --trace-children=yes --num-callers=30 \
+        --suppressions="$work/tree/test/valgrind.supp" \
+        --log-file="$work/reports/valgrind.%p" \
+        "$pg/bin/postgres" -D "$work/data$n" -p $((54331 + n)) -k "$work" -c listen_addresses='' \
+        >"$work/server$n.log" 2>&1 &
+done
+for n in 0 1; do
+    for _ in $(seq 1 60); do
+        psql -h "$work" -p $((54331 + n)) -U postgres -Xqc 'SELECT 1' postgres >/dev/null 2>&1 && break
+        sleep 1
+    done
+done
+
+# Deal the tests out to the two servers, every other one (they are listed
+# alphabetically, not by cost, so this is about even).
+half() { local k=0 t; for t in "${@:2}"; do [ $((k++ % 2)) -eq "$1" ] && printf '%s ' "$t"; done; true; }
+for n in 0 1; do
+    tree="$work/tree"; [ $n -eq 1 ] && tree="$work/tree1"
+    ( cd "$tree" &&
+      PGHOST="$work" PGPORT=$((54331 + n)) PGUSER=postgres make -s PG_CONFIG="$PG_CONFIG" \
+          REGRESS="$(half $n "${regress[@]}")" ISOLATION="$(half $n "${iso[@]}")" installcheck \
+          >"$work/suite$n.out" 2>&1 ||
+      { cat regression.diffs output_iso/regression.diffs 2>/dev/null; exit 1; } >>"$work/suite$n.out" ) &
+    pids+=($!)
+done
+status=0
+for n in 0 1; do
+    if ! wait "${pids[$n]}"; then status=1; fi
+    cat "$work/suite$n.out"
+done
 
 # A valgrind error record is the block of lines from "==PID== <message>" to
 # the blank "==PID==" line; keep those that mention the extension.
@@ -76,7 +106,7 @@ if ls "$work"/reports/ubsan* >/dev/null 2>&1; then
     echo "UBSan reports:"; cat "$work"/reports/ubsan*
     status=1
 fi
-if grep -q "terminated by signal\|exited with exit code" "$work/server.log"; then
+if cat "$work"/server*.log >"$work/server.log"; grep -q "terminated by signal\|exited with exit code" "$work/server.log"; then
     echo "a backend died:"; grep -A3 "terminated by signal\|exited with exit code" "$work/server.log"
     status=1
 fi
