@@ -57,10 +57,16 @@ $(error sql/$(EXTENSION)--$(EXTVERSION).sql is the install script of $(EXTVERSIO
 endif
 endif
 
-.PHONY: test demo bench stress memcheck ha
+.PHONY: test quick doctest demo bench stress memcheck ha
 # Scripts that install what they need, then build, install and run.
 test:
 	./test/run.sh
+# For development: pg_regress, isolation, pgTAP and the docs' SQL blocks (a few minutes).
+quick:
+	./test/run.sh quick
+# Every SQL block of README.md and docs/, output compared.
+doctest:
+	./test/docs.sh
 demo:
 	./test/demo.sh
 bench:

@@ -1,4 +1,4 @@
--- The schema must be the extension's alone (README: Roles).  PostgreSQL
+-- The schema must be the extension's alone (docs/OPERATIONS.md: Roles).  PostgreSQL
 -- installs into a status_history schema that exists already; one owned by
 -- another role, or one others may create in, or holding objects of its own,
 -- could shadow the extension's functions for every caller (a grant_roles()

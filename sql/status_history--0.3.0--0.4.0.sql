@@ -333,7 +333,7 @@ END
 $$;
 
 COMMENT ON FUNCTION status_history.grant_roles(regrole, regrole, regrole, regrole, boolean) IS
-    'Records the roles that report, control, read and administer (imports, prune()), and grants each exactly its part (README: Roles); public_reads => false: PUBLIC no longer reads.';
+    'Records the roles that report, control, read and administer (imports, prune()), and grants each exactly its part (docs/OPERATIONS.md: Roles); public_reads => false: PUBLIC no longer reads.';
 
 -- What a database upgraded from before 0.4.0 had: the README's recipe made a
 -- role the history's owner (for imports) and revoked reading from PUBLIC.
@@ -378,7 +378,7 @@ BEGIN
     IF recorded_admin IS NULL THEN
         RAISE WARNING 'run status_history.grant_roles() now, with all four roles'
             USING DETAIL = 'From 0.4.0 on, the privileges of the roles that report, control, read and administer '
-                           'are granted by grant_roles() (README: Roles). Until it runs, roles keep what they were '
+                           'are granted by grant_roles() (docs/OPERATIONS.md: Roles). Until it runs, roles keep what they were '
                            'granted before this upgrade, and PUBLIC keeps what earlier versions granted it.',
                   HINT = pg_catalog.format('Run, with your roles: SELECT status_history.grant_roles('
                                            'reporter => ..., controller => ..., reader => ..., admin => ..., '

@@ -770,7 +770,7 @@ COMMENT ON FUNCTION status_history.time_in_status(timestamptz, timestamptz, text
 -- ---------------------------------------------------------------------------
 -- Privileges: one matrix, in apply_privileges().  The install script applies
 -- it, grant_roles() records the operator's roles and applies it to them
--- (README: Roles), a restore of roles applies it again.  An upgrade script
+-- (docs/OPERATIONS.md: Roles), a restore of roles applies it again.  An upgrade script
 -- grants what it creates as the matrix does, and nothing on what exists (a
 -- GRANT there would be recorded in pg_init_privs as the extension's own).
 -- ---------------------------------------------------------------------------
@@ -925,7 +925,7 @@ END
 $$;
 
 COMMENT ON FUNCTION status_history.grant_roles(regrole, regrole, regrole, regrole, boolean) IS
-    'Records the roles that report, control, read and administer (imports, prune()), and grants each exactly its part (README: Roles); public_reads => false: PUBLIC no longer reads.';
+    'Records the roles that report, control, read and administer (imports, prune()), and grants each exactly its part (docs/OPERATIONS.md: Roles); public_reads => false: PUBLIC no longer reads.';
 
 SELECT status_history.apply_privileges();
 -- Writing needs INSERT on status_history.history (reporter, controller,

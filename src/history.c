@@ -291,7 +291,7 @@ check_imported_stamp(Relation rel, TimestampTz stamp, Datum *values, const ShHis
 				(errcode(ERRCODE_UNIQUE_VIOLATION),
 				 errmsg("occurred_at is already the stamp of another report"),
 				 errdetail("Stamps are unique: they order the reports of every object."),
-				 errhint("Spread equal stamps of an import apart by a microsecond each, in the order they should sort (README: Importing history).")));
+				 errhint("Spread equal stamps of an import apart by a microsecond each, in the order they should sort (docs/REFERENCE.md: Importing history).")));
 }
 
 void

@@ -485,7 +485,7 @@ sh_check_version(void)
 				 errmsg("the status_history library is version %s, but the extension in this database is version %s",
 						SH_VERSION, version),
 				 errdetail("A library serves the SQL objects of its own version only."),
-				 errhint("Run ALTER EXTENSION status_history UPDATE in this database, then reconnect: a session keeps the library it loaded first (README: Upgrading).")));
+				 errhint("Run ALTER EXTENSION status_history UPDATE in this database, then reconnect: a session keeps the library it loaded first (docs/OPERATIONS.md: Upgrading).")));
 	version_checked = true;
 }
 

@@ -4,7 +4,7 @@
  *
  * Every table of the extension belongs to the extension's owner, so that no
  * role can attach code to them that the SECURITY DEFINER functions would run
- * with that owner's rights (README: Roles).  Two commands would undo that
+ * with that owner's rights (docs/OPERATIONS.md: Roles).  Two commands would undo that
  * even when a superuser runs them: a GRANT of TRIGGER (attach triggers),
  * REFERENCES (foreign keys that hold prune() up) or TRUNCATE on those tables
  * -- a dump of a version before 0.4.0 carries one, GRANT ALL to the

@@ -8,15 +8,25 @@
 #   pg_auto_failover (test/ha/run.sh, make ha).  make stress runs the same
 #   TAP tests longer (test/stress.sh: SH_STRESS=1, a random seed).
 # Installs what it needs first.  Exits non-zero when any test fails.
+#
+#   ./test/run.sh         everything (what CI runs, .ci/run)
+#   ./test/run.sh quick   for development: pg_regress, isolation, pgTAP and the
+#                         docs' SQL blocks only (a few minutes)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source test/deps.sh
 sh_build_install
+quick=0
+[ "${1:-}" = quick ] && quick=1
 
 passed=0
 failed=0
-# Count one suite's outcome.
-suite() { if [ "$1" -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi; }
+t0=$(date +%s)
+# Count one suite's outcome and say how long it took.
+suite() {
+    if [ "$1" -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+    echo "-- $([ "$1" -eq 0 ] && echo passed || echo FAILED) after $(( $(date +%s) - t0 )) s in all"
+}
 
 echo "== pg_regress, isolation and pgTAP on a throw-away cluster"
 # Each suite writes its exit code to a file, so one failing does not hide the others.
@@ -33,6 +43,16 @@ pg_virtualenv -t -v 15 sh -c "
     true
 " || true
 for s in regress pgtap; do suite "$(cat "$results/$s" 2>/dev/null || echo 1)"; done
+
+echo "== every SQL block of README.md and docs/, in page order, output compared (test/docs.sh)"
+if test/docs.sh; then suite 0; else suite 1; fi
+
+if [ $quick -eq 1 ]; then
+    rm -rf "$results"
+    echo "suites (quick): $passed passed, $failed failed"
+    [ "$failed" -eq 0 ]
+    exit
+fi
 
 echo "== the README's scenario (make demo): runs to the end without an error"
 if test/demo.sh >/dev/null; then suite 0; else suite 1; fi
