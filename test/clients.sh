@@ -50,7 +50,9 @@ cleanup() {
     local p d
     for p in "${bgpids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
     for d in "${datadirs[@]}"; do
-        [ -f "$d/postmaster.pid" ] && "${as_pg[@]}" pg_ctl -D "$d" -m immediate stop >/dev/null 2>&1 || true
+        if [ -f "$d/postmaster.pid" ]; then
+            "${as_pg[@]}" pg_ctl -D "$d" -m immediate stop >/dev/null 2>&1 || true
+        fi
     done
     if [ -n "${CLIENTS_KEEP:-}" ]; then echo "kept $scratch"; else rm -rf "$scratch"; fi
 }
@@ -65,6 +67,10 @@ result() {   # result 0|1 LANG WHAT [why]
     else
         failed=$((failed + 1)); echo "FAIL $2 $3${4:+: $4}"
     fi
+}
+
+verdict() {   # verdict LANG WHAT: PASS when $why is empty, else FAIL saying why
+    if [ -z "$why" ]; then result 0 "$1" "$2"; else result 1 "$1" "$2" "$why"; fi
 }
 
 pg_start() {   # pg_start DATADIR PORT
@@ -88,7 +94,7 @@ wal_keep_size = '64MB'
 EOF
 pg_start "$tmpl" $((BASE_PORT + 19))
 q $((BASE_PORT + 19)) -d postgres -c 'CREATE DATABASE app'
-q $((BASE_PORT + 19)) <<'EOF'
+q $((BASE_PORT + 19)) >/dev/null <<'EOF'
 CREATE EXTENSION status_history;
 CREATE ROLE sh_reporter NOLOGIN;
 CREATE ROLE sh_controller NOLOGIN;
@@ -129,14 +135,15 @@ history_rows() {
     q "$1" -c "SELECT 'row ' || occurred_at::text || ' ' || object_id || ' ' || status || ' ' || generation || ' ' || stale::text
                  FROM status_history.history ORDER BY occurred_at"
 }
-# A client's row lines, booleans as t/f (true/false accepted).
-client_rows() { grep '^row ' "$1" | sed -E 's/ true$/ t/; s/ false$/ f/' || true; }
+# A client's row lines, stale as true/false (stale::text; t/f accepted).
+client_rows() { grep '^row ' "$1" | sed -E 's/ t$/ true/; s/ f$/ false/' || true; }
 
 run_language() {   # run_language LANG INDEX
     local lang=$1 i=$2 run=$root/examples/$1/run.sh
     local p1=$((BASE_PORT + 2 * i)) p2=$((BASE_PORT + 2 * i + 1))
     local d=$scratch/$lang obj=src-$lang
     mkdir -p "$d"; chmod 755 "$d"
+    [ -z "${as_pg[*]}" ] || chown postgres "$d"
     echo "== $lang (ports $p1, $p2)"
 
     # The pair: the primary a copy of the template; the standby cloned from
@@ -168,6 +175,9 @@ run_language() {   # run_language LANG INDEX
         kill -KILL "$pm" $(ps -o pid= --ppid "$pm") 2>/dev/null || true
         local acked_at_kill
         acked_at_kill=$(grep -c '^ack ' "$out" || true)
+        # A second with no writable server: the client's connection attempts
+        # meanwhile find the old primary gone and the standby read-only.
+        sleep 1
         "${as_pg[@]}" pg_ctl -D "$d/standby" -w -t 60 promote >/dev/null
         promoted_at=$(q $p2 -c 'SELECT clock_timestamp()')
         echo "   killed the primary after $acked_at_kill acks; promoted the standby"
@@ -191,9 +201,9 @@ run_language() {   # run_language LANG INDEX
             [ "$(q $p2 -c "SELECT count(*) FROM status_history.history
                              WHERE object_id = '$obj' AND occurred_at = '$day $time'")" = 1 ] || echo "$day $time"
         done)
-        [ -z "$missing" ] || why="acked but not stored: $(echo $missing)"
+        [ -z "$missing" ] || why="acked but not stored: ${missing//$'\n'/, }"
     fi
-    result $([ -z "$why" ]; echo $?) "$lang" "reporter: $COUNT reports acked across the failover, each stored" "$why"
+    verdict "$lang" "reporter: $COUNT reports acked across the failover, each stored"
     [ -z "$why" ] || show "$out" "$out.err"
     why=""
     local rows
@@ -201,7 +211,7 @@ run_language() {   # run_language LANG INDEX
                        FROM status_history.history WHERE object_id = '$obj'")
     [ "$rows" = "starting:false,running:false" ] ||
         why="the object's rows are $rows, not starting:false,running:false (a report in doubt re-sent must be a repeat)"
-    result $([ -z "$why" ]; echo $?) "$lang" "reporter: heartbeats and retries appended no rows" "$why"
+    verdict "$lang" "reporter: heartbeats and retries appended no rows"
     why=""
     local state
     state=$(q $p2 -c "SELECT s.status || ' ' || s.generation || ' ' || (s.expires_at > now())
@@ -211,7 +221,7 @@ run_language() {   # run_language LANG INDEX
                        WHERE object_id = '$obj' AND r.replica_id = 'r1'")
     [ "$state" = "running 1 true true" ] ||
         why="status, generation, lease holds, seen after the promotion: '$state', not 'running 1 true true'"
-    result $([ -z "$why" ]; echo $?) "$lang" "reporter: running, its lease renewed on the new primary" "$why"
+    verdict "$lang" "reporter: running, its lease renewed on the new primary"
 
     # 2. A controller taking over with generation 2; then a late report of
     # generation 1 (the reporter once more, COUNT 1).
@@ -242,7 +252,7 @@ run_language() {   # run_language LANG INDEX
                 why="the current report is '$current', not 'running 2 r1'"
         fi
     fi
-    result $([ -z "$why" ]; echo $?) "$lang" "controller: reconnect(2, r1) fences; a late generation 1 is stale" "$why"
+    verdict "$lang" "controller: reconnect(2, r1) fences; a late generation 1 is stale"
     [ -z "$why" ] || show "$d/controller.out" "$d/controller.out.err" "$d/late.out" "$d/late.out.err"
 
     # 3. A consumer from the start: exactly the history, notifications off.
@@ -259,7 +269,7 @@ run_language() {   # run_language LANG INDEX
     elif grep -q '^woken' "$out"; then
         why="it printed 'woken', but notifications are off"
     fi
-    result $([ -z "$why" ]; echo $?) "$lang" "consumer: the history from -infinity, row for row ($n rows)" "$why"
+    verdict "$lang" "consumer: the history from -infinity, row for row ($n rows)"
     [ -z "$why" ] || show "$out.err"
 
     # ... and with notifications on, one that waits for rows reported after
@@ -287,7 +297,7 @@ run_language() {   # run_language LANG INDEX
     elif [ "$(grep -c '^woken$' "$out" || true)" != 1 ]; then
         why="it printed 'woken' $(grep -c '^woken$' "$out" || true) times, not once"
     fi
-    result $([ -z "$why" ]; echo $?) "$lang" "consumer: woken by a notification, then the new rows too ($((n + 3)) rows)" "$why"
+    verdict "$lang" "consumer: woken by a notification, then the new rows too ($((n + 3)) rows)"
     [ -z "$why" ] || show "$out.err"
 
     "${as_pg[@]}" pg_ctl -D "$d/standby" -m immediate stop >/dev/null 2>&1 || true

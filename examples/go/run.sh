@@ -7,6 +7,6 @@ set -eu
 src=$(cd "$(dirname "$0")" && pwd)
 cache=${SH_EXAMPLES_CACHE:-${TMPDIR:-/tmp}/status_history-examples-$(id -u)}/go
 mkdir -p "$cache"
-GO111MODULE=off GOPATH=/usr/share/gocode GOPROXY=off GOFLAGS= GOCACHE="$cache/gocache" \
+GO111MODULE=off GOPATH=/usr/share/gocode GOPROXY=off GOFLAGS="" GOCACHE="$cache/gocache" \
     go build -o "$cache/client" "$src/main.go"
 exec "$cache/client" "$@"
