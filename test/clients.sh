@@ -113,12 +113,14 @@ EOF
 wait_for() {
     local i
     for ((i = 0; i < 12000; i++)); do
-        [ "$(grep -c -- "$2" "$1" 2>/dev/null || true)" -ge "$3" ] && return 0
-        kill -0 "$4" 2>/dev/null || { [ "$(grep -c -- "$2" "$1" || true)" -ge "$3" ]; return; }
+        [ "$(count "$2" "$1")" -ge "$3" ] && return 0
+        kill -0 "$4" 2>/dev/null || { [ "$(count "$2" "$1")" -ge "$3" ]; return; }
         sleep 0.05
     done
     return 1
 }
+count() { local c; c=$(grep -c -- "$1" "$2" 2>/dev/null) || true; echo "${c:-0}"; }   # count PATTERN FILE
+
 # Run a client command; stdout to OUT, stderr to OUT.err.
 client() {   # client RUN_SH OUT ROLE COMMAND ARGS...
     local run=$1 out=$2 user=$3; shift 3
@@ -137,6 +139,36 @@ history_rows() {
 }
 # A client's row lines, stale as true/false (stale::text; t/f accepted).
 client_rows() { grep '^row ' "$1" | sed -E 's/ t$/ true/; s/ f$/ false/' || true; }
+
+# consume OUT off|on STATUS...: a consumer from -infinity for the rows there
+# are plus one per STATUS, reported on feed-$lang (each a status change, so
+# each sends a notification when they are on) 0.3 s apart once it has printed
+# the rows there were (it LISTENs before its first changes()).  Sets why.
+consume() {
+    local out=$1 notify=$2 n rc=0 s woken; shift 2
+    n=$(q $p2 -c 'SELECT count(*) FROM status_history.history')
+    client "$run" "$out" consumer consumer -infinity $((n + $#)) &
+    local cpid=$!
+    bgpids+=("$cpid")
+    if wait_for "$out" '^row ' "$n" $cpid; then
+        for s in "$@"; do
+            sleep 0.3
+            q $p2 -c "SELECT 1 FROM status_history.report('feed-$lang', '$s', replica_id => 'r9')" >/dev/null
+        done
+    fi
+    wait "$cpid" || rc=$?
+    woken=$(count '^woken$' "$out")
+    if [ "$rc" -ne 0 ]; then
+        why="the consumer exited with $rc"
+    elif ! diff <(history_rows $p2) <(client_rows "$out") >"$out.diff"; then
+        why="its rows differ from the history (< history, > consumer): $(head -c 600 "$out.diff")"
+    elif [ "$notify" = on ] && [ "$woken" != 1 ]; then
+        why="it printed 'woken' $woken times, not once"
+    elif [ "$notify" = off ] && [ "$woken" != 0 ]; then
+        why="it printed 'woken', but notifications are off"
+    fi
+    [ -z "$why" ] || show "$out.err"
+}
 
 run_language() {   # run_language LANG INDEX
     local lang=$1 i=$2 run=$root/examples/$1/run.sh
@@ -174,7 +206,7 @@ run_language() {   # run_language LANG INDEX
         # shellcheck disable=SC2046
         kill -KILL "$pm" $(ps -o pid= --ppid "$pm") 2>/dev/null || true
         local acked_at_kill
-        acked_at_kill=$(grep -c '^ack ' "$out" || true)
+        acked_at_kill=$(count '^ack ' "$out")
         # A second with no writable server: the client's connection attempts
         # meanwhile find the old primary gone and the standby read-only.
         sleep 1
@@ -188,7 +220,7 @@ run_language() {   # run_language LANG INDEX
     wait "$rpid" || rc=$?
     [ -n "$why" ] || [ "$rc" -eq 0 ] || why="the reporter exited with $rc"
     local acks
-    acks=$(grep -c '^ack ' "$out" || true)
+    acks=$(count '^ack ' "$out")
     if [ -z "$why" ]; then
         local seqs
         seqs=$(awk '/^ack /{print $2}' "$out" | tr '\n' ' ')
@@ -214,13 +246,13 @@ run_language() {   # run_language LANG INDEX
     verdict "$lang" "reporter: heartbeats and retries appended no rows"
     why=""
     local state
-    state=$(q $p2 -c "SELECT s.status || ' ' || s.generation || ' ' || (s.expires_at > now())
-                             || ' ' || (r.last_seen_at > '${promoted_at:-infinity}')
+    state=$(q $p2 -c "SELECT format('%s %s %s %s', s.status, s.generation, s.expires_at > now(),
+                                    r.last_seen_at > '${promoted_at:-infinity}')
                         FROM status_history.statuses s
                         JOIN status_history.replica_statuses r USING (object_id)
                        WHERE object_id = '$obj' AND r.replica_id = 'r1'")
-    [ "$state" = "running 1 true true" ] ||
-        why="status, generation, lease holds, seen after the promotion: '$state', not 'running 1 true true'"
+    [ "$state" = "running 1 t t" ] ||
+        why="status, generation, lease holds (blank: no lease), seen after the promotion: '$state', not 'running 1 t t'"
     verdict "$lang" "reporter: running, its lease renewed on the new primary"
 
     # 2. A controller taking over with generation 2; then a late report of
@@ -255,50 +287,17 @@ run_language() {   # run_language LANG INDEX
     verdict "$lang" "controller: reconnect(2, r1) fences; a late generation 1 is stale"
     [ -z "$why" ] || show "$d/controller.out" "$d/controller.out.err" "$d/late.out" "$d/late.out.err"
 
-    # 3. A consumer from the start: exactly the history, notifications off.
+    # 3. Consumers from the start, each waiting for rows reported after it
+    # printed the history there was: first with notifications off (its poll
+    # finds them; it must not say woken), then on (a notification must wake
+    # it: it says woken once).
     why=""
-    out=$d/consumer.out
-    local n
-    n=$(q $p2 -c 'SELECT count(*) FROM status_history.history')
-    rc=0
-    client "$run" "$out" consumer consumer -infinity "$n" || rc=$?
-    if [ "$rc" -ne 0 ]; then
-        why="the consumer exited with $rc"
-    elif ! diff <(history_rows $p2) <(client_rows "$out") >"$out.diff"; then
-        why="its rows differ from the history (< history, > consumer): $(head -c 600 "$out.diff")"
-    elif grep -q '^woken' "$out"; then
-        why="it printed 'woken', but notifications are off"
-    fi
-    verdict "$lang" "consumer: the history from -infinity, row for row ($n rows)"
-    [ -z "$why" ] || show "$out.err"
-
-    # ... and with notifications on, one that waits for rows reported after
-    # it started: woken by LISTEN.  Three status changes (each sends a
-    # notification), 0.3 s apart, once the consumer has printed the n rows
-    # there are (it LISTENs before its first changes()).
+    consume "$d/consumer.out" off starting
+    verdict "$lang" "consumer: the history from -infinity row for row, polling (notifications off)"
     why=""
     q $p2 -c "ALTER DATABASE app SET status_history.notify = on"
-    out=$d/consumer2.out
-    client "$run" "$out" consumer consumer -infinity $((n + 3)) &
-    local cpid=$!
-    bgpids+=("$cpid")
-    if wait_for "$out" '^row ' "$n" $cpid; then
-        for s in starting running stalled; do
-            sleep 0.3
-            q $p2 -c "SELECT 1 FROM status_history.report('feed-$lang', '$s', replica_id => 'r9')" >/dev/null
-        done
-    fi
-    rc=0
-    wait "$cpid" || rc=$?
-    if [ "$rc" -ne 0 ]; then
-        why="the consumer exited with $rc"
-    elif ! diff <(history_rows $p2) <(client_rows "$out") >"$out.diff"; then
-        why="its rows differ from the history (< history, > consumer): $(head -c 600 "$out.diff")"
-    elif [ "$(grep -c '^woken$' "$out" || true)" != 1 ]; then
-        why="it printed 'woken' $(grep -c '^woken$' "$out" || true) times, not once"
-    fi
-    verdict "$lang" "consumer: woken by a notification, then the new rows too ($((n + 3)) rows)"
-    [ -z "$why" ] || show "$out.err"
+    consume "$d/consumer2.out" on running stalled paused
+    verdict "$lang" "consumer: the history from -infinity row for row, woken by LISTEN (notifications on)"
 
     "${as_pg[@]}" pg_ctl -D "$d/standby" -m immediate stop >/dev/null 2>&1 || true
 }
