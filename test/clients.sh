@@ -13,7 +13,7 @@
 #   3. consumer: from -infinity it prints exactly the history, in stamp order;
 #      without notifications it says no `woken`; with status_history.notify
 #      on, a consumer waiting for rows reported after it started prints one.
-# Roles as README's Roles section: grant_roles() over four NOLOGIN groups,
+# Roles as docs/OPERATIONS.md's Roles section: grant_roles() over four NOLOGIN groups,
 # and login roles reporter, controller, consumer in them.
 #
 #   ./test/clients.sh              every examples/*/run.sh

@@ -123,7 +123,7 @@ func reporter(ctx context.Context, objectID, replicaID string, generation int64,
 		// newest row (same status, error, details, generation and lease), and
 		// status_history.deduplicate (on by default) turns a repeat into a
 		// renewal -- it appends no row, moves last_seen_at and renews the
-		// lease from the repeat's stamp (README, "Heartbeats without
+		// lease from the repeat's stamp (docs/REFERENCE.md, "Heartbeats without
 		// growth"). If it was not committed, this is the report. Either way
 		// the history ends up with the report exactly once. report() returns
 		// the stored row, for a repeat the row it renews, so the stamp
@@ -149,7 +149,7 @@ func reporter(ctx context.Context, objectID, replicaID string, generation int64,
 // reported on (of every object, without one) to generation and re-stamps
 // their current reports, so they sort after anything an older generation
 // still sends. No retry once sent: a reconnect() in doubt may have raised the
-// fences, and a controller then retries with a higher generation (README,
+// fences, and a controller then retries with a higher generation (docs/OPERATIONS.md,
 // "High availability"); this one was given its generation, so it fails and
 // lets whoever gave it pick the next one.
 func controller(ctx context.Context, generation int64, replicaID *string) error {
@@ -184,7 +184,7 @@ func consumer(ctx context.Context, after string, count int) error {
 		}
 		// changes() returns committed rows after last below the stable
 		// horizon, in stamp order: looping from the last stamp returned sees
-		// every committed row exactly once (README, "Reading changes as they
+		// every committed row exactly once (docs/REFERENCE.md, "Reading changes as they
 		// happen"). The position goes back as the text it came in, so no
 		// precision is lost on the way. A page is printed only once read in
 		// full, so a retry after a broken connection prints nothing twice.

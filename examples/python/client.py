@@ -90,7 +90,7 @@ def reporter(object_id, replica_id, generation, count):
             # key's newest row (same status, error, details, generation and
             # lease), and status_history.deduplicate (on by default) turns a
             # repeat into a renewal -- it appends no row, moves last_seen_at
-            # and renews the lease from the repeat's stamp (README, "Heartbeats
+            # and renews the lease from the repeat's stamp (docs/REFERENCE.md, "Heartbeats
             # without growth").  If it was not committed, this is the report.
             # Either way the history ends up with the report exactly once.
             # report() returns the stored row, for a repeat the row it renews,
@@ -111,7 +111,7 @@ def controller(generation, replica_id=None):
     # every object, without one) to `generation` and re-stamps their current
     # reports, so they sort after anything an older generation still sends.
     # No retry once sent: a reconnect() in doubt may have raised the fences,
-    # and a controller then retries with a higher generation (README, "High
+    # and a controller then retries with a higher generation (docs/OPERATIONS.md, "High
     # availability"); this one was given its generation, so it fails and lets
     # whoever gave it pick the next one.
     with connect() as conn:
@@ -148,7 +148,7 @@ def consumer(after, count):
         def page(conn):
             # changes() returns committed rows after `last` below the stable
             # horizon, in stamp order: looping from the last stamp returned
-            # sees every committed row exactly once (README, "Reading changes
+            # sees every committed row exactly once (docs/REFERENCE.md, "Reading changes
             # as they happen").  The position goes back as the text it came
             # in, so no precision is lost on the way.
             return conn.execute(
