@@ -5,7 +5,9 @@
 #   and promote their own servers (test/t/*.pl, run as the postgres user),
 #   the README's scenario (test/demo.sh, make demo), the regression suites
 #   again under valgrind with a UBSan build, and the failover test under
-#   pg_auto_failover (test/ha/run.sh, make ha).  make stress runs the same
+#   pg_auto_failover (test/ha/run.sh, make ha), the client examples across a
+#   failover (test/clients.sh, make clients), and every SQL block of the docs
+#   (test/docs.sh, make doctest).  make stress runs the same
 #   TAP tests longer (test/stress.sh: SH_STRESS=1, a random seed).
 # Installs what it needs first.  Exits non-zero when any test fails.
 #
@@ -59,6 +61,9 @@ if test/demo.sh >/dev/null; then suite 0; else suite 1; fi
 
 echo "== TAP tests with their own servers (as postgres)"
 if test/tap.sh; then suite 0; else suite 1; fi
+
+echo "== the client examples (examples/*/run.sh) against a primary and a synchronous standby, the primary killed once (test/clients.sh)"
+if test/clients.sh; then suite 0; else suite 1; fi
 
 echo "== C safety: regression and isolation suites under valgrind, library built with UBSan"
 if test/memcheck.sh; then suite 0; else suite 1; fi
