@@ -57,7 +57,7 @@ $(error sql/$(EXTENSION)--$(EXTVERSION).sql is the install script of $(EXTVERSIO
 endif
 endif
 
-.PHONY: test quick doctest demo bench stress memcheck ha
+.PHONY: test quick doctest demo bench stress memcheck ha poolers
 # Scripts that install what they need, then build, install and run.
 test:
 	./test/run.sh
@@ -77,3 +77,5 @@ ha:
 	./test/ha/run.sh
 memcheck:
 	./test/memcheck.sh
+poolers:
+	./test/poolers.sh
