@@ -4,7 +4,8 @@
 # after a superuser ran CREATE EXTENSION (docs/POOLERS.md, docs/HOSTING.md).
 # A throw-away server on port 56150 and pgbouncer on 56151, both run as the
 # postgres user from a temporary directory.  Prints PASS/FAIL per check and
-# exits non-zero on any failure.  Needs root (or sudo) for apt and runuser.
+# exits non-zero on any failure.  Runs as root (apt, runuser).  KEEP=1 leaves
+# the server, pgbouncer and the temporary directory for a look afterwards.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source test/deps.sh
@@ -15,6 +16,8 @@ BIN=/usr/lib/postgresql/15/bin
 # Debian's package starts a system pgbouncer on 6432: we use our own.
 if command -v systemctl >/dev/null && systemctl is-active -q pgbouncer 2>/dev/null; then
     systemctl stop pgbouncer; systemctl disable -q pgbouncer 2>/dev/null || true
+elif [ -x /etc/init.d/pgbouncer ] && pgrep -u postgres -x pgbouncer >/dev/null; then
+    /etc/init.d/pgbouncer stop >/dev/null || true     # no systemd (a container)
 fi
 
 T=$(mktemp -d /tmp/poolers.XXXXXX)
