@@ -57,7 +57,7 @@ $(error sql/$(EXTENSION)--$(EXTVERSION).sql is the install script of $(EXTVERSIO
 endif
 endif
 
-.PHONY: test quick doctest demo bench stress memcheck ha clients
+.PHONY: test quick doctest demo bench stress memcheck ha clients poolers
 # Scripts that install what they need, then build, install and run.
 test:
 	./test/run.sh
@@ -79,3 +79,5 @@ memcheck:
 	./test/memcheck.sh
 clients:
 	./test/clients.sh
+poolers:
+	./test/poolers.sh

@@ -10,6 +10,7 @@ sh_packages=(
     valgrind postgresql-plperl-15 postgresql-15-cron
     gnuplot-nox     # make bench's chart (bench/chart.sh)
     python3-psycopg golang-go golang-github-jackc-pgx-v4-dev   # the client examples (examples/, test/clients.sh)
+    pgbouncer       # make poolers (test/poolers.sh): transaction and session pooling
 )
 
 sh_missing=()
