@@ -9,6 +9,7 @@ sh_packages=(
     postgresql-15-pgtap libtap-parser-sourcehandler-pgtap-perl libipc-run-perl
     valgrind postgresql-plperl-15 postgresql-15-cron
     gnuplot-nox     # make bench's chart (bench/chart.sh)
+    cargo rustc librust-tokio-postgres-dev librust-tokio-dev   # examples/rust, built offline from Debian's crates
 )
 
 sh_missing=()
