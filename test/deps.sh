@@ -11,6 +11,7 @@ sh_packages=(
     gnuplot-nox     # make bench's chart (bench/chart.sh)
     python3-psycopg golang-go golang-github-jackc-pgx-v4-dev   # the client examples (examples/, test/clients.sh)
     pgbouncer       # make poolers (test/poolers.sh): transaction and session pooling
+    cargo rustc librust-tokio-postgres-dev librust-tokio-dev   # examples/rust, built offline from Debian's crates
 )
 
 sh_missing=()
