@@ -11,6 +11,7 @@ sh_packages=(
     gnuplot-nox     # make bench's chart (bench/chart.sh)
     python3-psycopg golang-go golang-github-jackc-pgx-v4-dev   # the client examples (examples/, test/clients.sh)
     pgbouncer       # make poolers (test/poolers.sh): transaction and session pooling
+    prometheus-postgres-exporter prometheus curl   # make monitoring (test/exporter.sh): the exporter, promtool
 )
 
 sh_missing=()
