@@ -99,12 +99,12 @@ sleep 1.5   # the writers' statistics (n_live_tup) are flushed when their sessio
 
 cp monitoring/queries.yaml "$T/queries.yaml"
 chmod 644 "$T/queries.yaml"
+# (exec: the pid written is the exporter's own, for the cleanup to stop)
 DATA_SOURCE_NAME="host=127.0.0.1 port=$PORT user=exporter dbname=mon sslmode=disable" \
-    runuser -u postgres -- /usr/bin/prometheus-postgres-exporter \
-        --web.listen-address=127.0.0.1:$EXPORTER_PORT --extend.query-path="$T/queries.yaml" \
+    runuser -u postgres -- sh -c 'echo $$ >"$1/exporter.pid"; exec /usr/bin/prometheus-postgres-exporter \
+        --web.listen-address=127.0.0.1:$2 --extend.query-path="$1/queries.yaml" \
         --disable-default-metrics --disable-settings-metrics \
-        --no-collector.database --no-collector.bgwriter >"$T/exporter.log" 2>&1 &
-echo $! >"$T/exporter.pid"
+        --no-collector.database --no-collector.bgwriter' sh "$T" "$EXPORTER_PORT" >"$T/exporter.log" 2>&1 &
 for _ in $(seq 50); do
     curl -sf "http://127.0.0.1:$EXPORTER_PORT/" >/dev/null 2>&1 && break
     sleep 0.2
