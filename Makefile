@@ -57,7 +57,7 @@ $(error sql/$(EXTENSION)--$(EXTVERSION).sql is the install script of $(EXTVERSIO
 endif
 endif
 
-.PHONY: test quick doctest demo bench stress memcheck ha clients poolers
+.PHONY: test quick doctest demo bench stress memcheck ha clients poolers monitoring
 # Scripts that install what they need, then build, install and run.
 test:
 	./test/run.sh
@@ -81,3 +81,5 @@ clients:
 	./test/clients.sh
 poolers:
 	./test/poolers.sh
+monitoring:
+	./test/exporter.sh

@@ -12,6 +12,7 @@ sh_packages=(
     python3-psycopg golang-go golang-github-jackc-pgx-v4-dev   # the client examples (examples/, test/clients.sh)
     pgbouncer       # make poolers (test/poolers.sh): transaction and session pooling
     cargo rustc librust-tokio-postgres-dev librust-tokio-dev   # examples/rust, built offline from Debian's crates
+    prometheus-postgres-exporter prometheus curl   # make monitoring (test/exporter.sh): the exporter, promtool
 )
 
 sh_missing=()

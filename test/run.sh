@@ -7,7 +7,8 @@
 #   again under valgrind with a UBSan build, and the failover test under
 #   pg_auto_failover (test/ha/run.sh, make ha), the client examples across a
 #   failover (test/clients.sh, make clients), pgbouncer and hosting
-#   (test/poolers.sh, make poolers), and every SQL block of the docs
+#   (test/poolers.sh, make poolers), the exporter's metrics (test/exporter.sh,
+#   make monitoring), and every SQL block of the docs
 #   (test/docs.sh, make doctest).  make stress runs the same
 #   TAP tests longer (test/stress.sh: SH_STRESS=1, a random seed).
 # Installs what it needs first.  Exits non-zero when any test fails.
@@ -68,6 +69,9 @@ if test/clients.sh; then suite 0; else suite 1; fi
 
 echo "== pgbouncer, transaction and session pooling; what a database owner can do (test/poolers.sh, test/hosting.sh)"
 if test/poolers.sh; then suite 0; else suite 1; fi
+
+echo "== monitoring: the real prometheus-postgres-exporter with monitoring/queries.yaml, scraped and checked against SQL; alert rules checked by promtool (test/exporter.sh)"
+if test/exporter.sh; then suite 0; else suite 1; fi
 
 echo "== C safety: regression and isolation suites under valgrind, library built with UBSan"
 if test/memcheck.sh; then suite 0; else suite 1; fi
