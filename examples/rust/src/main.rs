@@ -261,7 +261,7 @@ async fn reporter(config: Config, object_id: &str, replica_id: &str, generation:
         // report, the same report sent again repeats its key's newest row (same status,
         // error, details, generation and lease), and with status_history.deduplicate on (the
         // default) a repeat appends no row: it renews the lease from the repeat's stamp and
-        // moves the key's last_seen_at (README, "Heartbeats without growth"). If it was not
+        // moves the key's last_seen_at (docs/REFERENCE.md, "Heartbeats without growth"). If it was not
         // committed, the re-sent one is the report. Either way the history holds it once.
         // (Had another replica's report become current in between, the re-sent one is a
         // row of its own, with the same content: harmless.)
@@ -290,7 +290,7 @@ async fn controller(config: Config, generation: i64, replica_id: Option<&str>) -
     let mut session = Session::new(config, false);
     // Retried while it certainly did not run (not sent, or refused by the server), never
     // once in doubt: it may have raised the fences, and a controller then retries with a
-    // higher generation (README, "High availability"). This one was given its generation,
+    // higher generation (docs/OPERATIONS.md, "High availability"). This one was given its generation,
     // so it fails and lets whoever gave it pick the next one.
     let rows = session
         .call(
@@ -310,7 +310,7 @@ async fn controller(config: Config, generation: i64, replica_id: Option<&str>) -
 async fn consumer(config: Config, after: &str, count: u64) -> Result<(), Failure> {
     // changes() returns the committed rows after `after` below the stable horizon, in stamp
     // order: looping from the last stamp returned sees every committed row exactly once
-    // (README, "Reading changes as they happen"). The position goes back as the text it
+    // (docs/REFERENCE.md, "Reading changes as they happen"). The position goes back as the text it
     // came in, so no precision is lost on the way.
     const CHANGES: &str = "SELECT occurred_at::text, object_id, status, generation::text, stale::text \
                            FROM status_history.changes(after => $1::text::timestamptz, max_rows => $2)";
