@@ -36,3 +36,16 @@ sh_build_install() {
     make -s PG_CONFIG="$PG_CONFIG" >/dev/null
     $sudo make -s PG_CONFIG="$PG_CONFIG" install >/dev/null
 }
+
+# A throw-away server run by postgres: sh_scratch_server DATADIR PORT [CONF-LINE...].
+# It listens on 127.0.0.1:PORT and on a socket in DATADIR's parent directory,
+# which must exist and be the postgres user's; its log is DATADIR/../server.log.
+sh_scratch_server() {
+    local data=$1 port=$2 dir
+    shift 2
+    dir=$(dirname "$data")
+    runuser -u postgres -- /usr/lib/postgresql/15/bin/initdb -D "$data" -A trust -U postgres >/dev/null
+    printf '%s\n' "port = $port" "listen_addresses = '127.0.0.1'" "unix_socket_directories = '$dir'" "$@" \
+        >>"$data/postgresql.conf"
+    runuser -u postgres -- /usr/lib/postgresql/15/bin/pg_ctl -D "$data" -l "$dir/server.log" -w start >/dev/null
+}

@@ -41,14 +41,7 @@ cleanup() {
 }
 [ -n "${KEEP:-}" ] || trap cleanup EXIT
 
-as_pg "$BIN/initdb" -D "$T/data" -A trust -U postgres >/dev/null
-cat >>"$T/data/postgresql.conf" <<EOF
-port = $PORT
-listen_addresses = '127.0.0.1'
-unix_socket_directories = '$T'
-max_prepared_transactions = 2
-EOF
-as_pg "$BIN/pg_ctl" -D "$T/data" -l "$T/server.log" -w start >/dev/null
+sh_scratch_server "$T/data" "$PORT" 'max_prepared_transactions = 2'
 sql() { as_pg psql -X -q -At -h 127.0.0.1 -p $PORT -d "${DB:-mon}" -v ON_ERROR_STOP=1 "$@"; }
 DB=postgres sql -c "CREATE DATABASE mon"
 

@@ -31,14 +31,7 @@ cleanup() {
 }
 [ -n "${KEEP:-}" ] || trap cleanup EXIT
 
-as_pg "$BIN/initdb" -D "$T/data" -A trust -U postgres >/dev/null
-cat >>"$T/data/postgresql.conf" <<EOF
-port = $PGPORT_SRV
-listen_addresses = '127.0.0.1'
-unix_socket_directories = '$T'
-max_connections = 40
-EOF
-as_pg "$BIN/pg_ctl" -D "$T/data" -l "$T/server.log" -w start >/dev/null
+sh_scratch_server "$T/data" "$PGPORT_SRV" 'max_connections = 40'
 
 # Direct to the server (as the superuser postgres) and through pgbouncer.
 srv() { as_pg psql -X -q -At -h 127.0.0.1 -p $PGPORT_SRV -d "${DB:-db}" -v ON_ERROR_STOP=1 "$@"; }
