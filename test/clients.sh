@@ -10,9 +10,12 @@
 #      and its heartbeats went on on the new primary;
 #   2. controller: `controller 2 r1` re-stamps the object at generation 2; a
 #      late report of generation 1 is stored stale and not current;
-#   3. consumer: from -infinity it prints exactly the history, in stamp order;
-#      without notifications it says no `woken`; with status_history.notify
-#      on, a consumer waiting for rows reported after it started prints one.
+#   3. consumer: from -infinity it prints exactly the history, in stamp order,
+#      also a row stamped before later rows and committed after them (which a
+#      loop over the history past its last stamp would miss); without
+#      notifications it says no `woken`; with status_history.notify on, a
+#      consumer waiting for rows reported after it started prints one.
+# A directory of examples/ without an executable run.sh fails.
 # Roles as docs/OPERATIONS.md's Roles section: grant_roles() over four NOLOGIN groups,
 # and login roles reporter, controller, consumer in them.
 #
@@ -60,7 +63,6 @@ trap cleanup EXIT
 
 passed=0
 failed=0
-skipped=0
 result() {   # result 0|1 LANG WHAT [why]
     if [ "$1" -eq 0 ]; then
         passed=$((passed + 1)); echo "PASS $2 $3"
@@ -141,21 +143,37 @@ history_rows() {
 client_rows() { grep '^row ' "$1" | sed -E 's/ t$/ true/; s/ f$/ false/' || true; }
 
 # consume OUT off|on STATUS...: a consumer from -infinity for the rows there
-# are plus one per STATUS, reported on feed-$lang (each a status change, so
-# each sends a notification when they are on) 0.3 s apart once it has printed
-# the rows there were (it LISTENs before its first changes()).  Sets why.
+# are plus one held back plus one per STATUS.  Once it has printed the rows
+# there were (it LISTENs before its first changes()), a transaction reports on
+# held-$lang-on/off and stays open while the STATUSes are reported on feed-$lang,
+# 0.3 s apart (each a status change, so each sends a notification when they
+# are on); the held transaction commits 1 s after them.  Its row is stamped
+# before theirs and committed after them: a consumer that reads the history
+# past its last stamp instead of following changes() misses it (and is
+# killed 60 s later).  Sets why.
 consume() {
-    local out=$1 notify=$2 n rc=0 s woken; shift 2
+    local out=$1 notify=$2 n rc=0 s woken i; shift 2
     n=$(q $p2 -c 'SELECT count(*) FROM status_history.history')
-    client "$run" "$out" consumer consumer -infinity $((n + $#)) &
+    client "$run" "$out" consumer consumer -infinity $((n + 1 + $#)) &
     local cpid=$!
     bgpids+=("$cpid")
     if wait_for "$out" '^row ' "$n" $cpid; then
+        rm -f "$out.release"
+        { echo "BEGIN; SELECT 1 FROM status_history.report('held-$lang-$notify', 'running', replica_id => 'r8');"
+          echo '\echo held'
+          while [ ! -e "$out.release" ]; do sleep 0.1; done
+          echo "COMMIT;"; } | q $p2 >"$out.held" 2>&1 &
+        bgpids+=($!)
+        wait_for "$out.held" '^held$' 1 $!
         for s in "$@"; do
             sleep 0.3
             q $p2 -c "SELECT 1 FROM status_history.report('feed-$lang', '$s', replica_id => 'r9')" >/dev/null
         done
+        sleep 1
+        touch "$out.release"
     fi
+    for ((i = 0; i < 600; i++)); do kill -0 "$cpid" 2>/dev/null || break; sleep 0.1; done
+    kill "$cpid" 2>/dev/null || true
     wait "$cpid" || rc=$?
     woken=$(count '^woken$' "$out")
     if [ "$rc" -ne 0 ]; then
@@ -311,14 +329,14 @@ for lang in "${langs[@]}"; do
     if [ ! -d "examples/$lang" ]; then
         result 1 "$lang" "exists" "no directory examples/$lang"
     elif [ ! -x "examples/$lang/run.sh" ]; then
-        # Loudly: a language without its run.sh is not tested, and says so.
-        skipped=$((skipped + 1))
-        echo "SKIP $lang: examples/$lang has no executable run.sh -- NOT TESTED"
+        # A language without its executable run.sh is not tested: a failure
+        # (a lost +x bit must not make CI green with a client untested).
+        result 1 "$lang" "has an executable run.sh" "examples/$lang/run.sh is missing or not executable: NOT TESTED"
     else
         run_language "$lang" $i
         i=$((i + 1))
     fi
 done
 [ $((passed + failed)) -gt 0 ] || result 1 clients "ran" "no examples/*/run.sh found"
-echo "clients: $passed passed, $failed failed, $skipped languages skipped"
+echo "clients: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -7,8 +7,12 @@
 # status_history itself (the front page's quick start does), the extension is
 # created first, as the superuser the connection uses.  psql runs with -q
 # (no command tags) and the output is stdout and stderr together, as
-# pg_regress keeps it; psql's "psql:<stdin>:N: " prefix of messages is cut.
-# A block with no ```output block after it must print no ERROR.  Roles a page
+# pg_regress keeps it; psql's "psql:FILE:N: " prefix of messages is cut.
+# A block with no ```output block after it must print no message psql
+# prefixes with its input line (errors and warnings of the server or of psql
+# itself; NOTICE and INFO are allowed).  A statement is ended (;) at its
+# block's end.  Fences GitHub shows as SQL but named otherwise, and ~~~
+# fences, are refused, so that nothing that looks like SQL goes unrun.  Roles a page
 # creates are dropped after it with its database.  Blocks fenced otherwise
 # (```sh, ```text, ...) are not run.
 #
@@ -30,8 +34,14 @@ sub blocks_of {
     for my $n (0 .. $#lines) {
         my $l = $lines[$n];
         if (!defined $info) {
-            if ($l =~ /^(\s*)```\s*([A-Za-z0-9_-]*)\s*$/) {
+            die "$page:" . ($n + 1) . ": a ~~~ fence: write ``` (only those are run or skipped knowingly)\n"
+                if $l =~ /^\s*~~~/;
+            if ($l =~ /^(\s*)```\s*(\S*)(.*)$/) {
                 ($indent, $info, $start) = ($1, lc $2, $n + 1);
+                # A fence GitHub shows as SQL must be one this runs (or output).
+                die "$page:$start: fence ```$2$3: write ```sql (run) or ```text (not run)\n"
+                    if ($info =~ /^(sql|psql|pgsql|postgres|postgresql|plpgsql)/ || $info eq 'output')
+                        && ($3 =~ /\S/ || ($info ne 'sql' && $info ne 'output'));
                 @body = ();
             } elsif ($l !~ /^\s*$/) {
                 $since_sql = 99;    # prose between: an output block no longer belongs
@@ -91,18 +101,30 @@ for my $page (@ARGV) {
     my $script = "\\set ON_ERROR_STOP 0\n";
     for my $i (0 .. $#blocks) {
         $script .= "\\echo '\@\@block $i\@\@'\n" . $blocks[$i]{sql};
-        $script .= "\n" unless $script =~ /\n\z/;
+        # A statement left without its ';' ends here, failing in its own block.
+        $script .= "\n;\n";
     }
     $script .= "\\echo '\@\@end\@\@'\n";
-    open(my $ps, '-|', 'sh', '-c', "psql -X -q -d $db 2>&1 <<'SH_DOCS_EOF'\n${script}SH_DOCS_EOF\n")
-        or die "psql: $!\n";
+    # From a file, so that psql prefixes its messages with the input line.
+    my $file = "/tmp/sh_docs_$$.sql";
+    open(my $sf, '>', $file) or die "$file: $!\n";
+    print $sf $script;
+    close $sf;
+    open(my $ps, '-|', 'sh', '-c', "psql -X -q -d $db -f $file 2>&1") or die "psql: $!\n";
     my $all = do { local $/; <$ps> };
     close $ps;
-    $all =~ s/^psql:<stdin>:\d+: //mg;
+    unlink $file;
+    # Messages psql prefixes (from the server or psql itself, but NOTICE and
+    # INFO) are failures unless an output block shows them.
+    $all =~ s/^psql:\Q$file\E:\d+: (?!NOTICE:|INFO:)/\@\@msg\@\@/mg;
+    $all =~ s/^psql:\Q$file\E:\d+: //mg;
+    my $ended = $all =~ /^\@\@end\@\@\n\z/m;
     my @parts = split /^\@\@block (\d+)\@\@\n/m, $all;
     my %got;
     for (my $k = 1; $k < @parts; $k += 2) { $got{$parts[$k]} = $parts[$k + 1]; }
     $got{$#blocks} =~ s/^\@\@end\@\@\n.*//ms if defined $got{$#blocks};
+    my %failed_msg = map { $_ => scalar($got{$_} =~ /^\@\@msg\@\@/m) } keys %got;
+    s/^\@\@msg\@\@//mg for values %got;
 
     my $bad = 0;
     for my $i (0 .. $#blocks) {
@@ -113,10 +135,14 @@ for my $page (@ARGV) {
             print "FAIL $page:$b->{line}: output differs\n--- shown\n", normalize($b->{expected}),
                 "+++ printed\n", normalize($out);
             $bad++;
-        } elsif ($out =~ /^(ERROR|FATAL|PANIC):/m || !defined $got{$i}) {
-            print "FAIL $page:$b->{line}: the block failed and no output block shows an error\n$out";
+        } elsif ($failed_msg{$i} || !defined $got{$i}) {
+            print "FAIL $page:$b->{line}: the block printed an error or warning and no output block shows it\n$out";
             $bad++;
         }
+    }
+    if (!$ended) {
+        print "FAIL $page: the session did not reach the page's end, or printed after it\n";
+        $bad++;
     }
     psql_admin("DROP DATABASE $db");
     for my $r (split /\n/, psql_admin('SELECT rolname FROM pg_roles')) {
