@@ -141,9 +141,7 @@ UNION ALL
 SELECT format('status_history_history_rows %s', count(*)) FROM status_history.history
 UNION ALL
 SELECT format('status_history_history_bytes %s',
-              pg_relation_size('status_history.history') + pg_indexes_size('status_history.history')
-              + COALESCE(pg_total_relation_size(NULLIF(reltoastrelid, 0)), 0))
-  FROM pg_class WHERE oid = 'status_history.history'::regclass
+              pg_table_size('status_history.history') + pg_indexes_size('status_history.history'))
 UNION ALL
 SELECT format('status_history_feed_horizon_lag_seconds %s',
               COALESCE(extract(epoch FROM clock_timestamp() - min(occurred_at)), 0))
