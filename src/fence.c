@@ -647,3 +647,47 @@ sh_fence_init(void)
 							&reconnect_lock_timeout, 200, 0, INT_MAX,
 							PGC_USERSET, GUC_UNIT_MS, NULL, NULL, NULL);
 }
+
+/*
+ * reconnect(): raise the fence of every listed object (locked already) to
+ * at least fence.  A fence is no function of stored rows: it is written with
+ * the object's next write-back (a re-stamped copy's), or by
+ * sh_state_write_fences(), and until then survives the state being read
+ * again (unless the subtransaction that raised it aborts).
+ */
+void
+sh_state_raise_fences(Datum *ids, int n, int64 fence)
+{
+	for (int i = 0; i < n; i++)
+	{
+		ShObject   *obj = sh_state_lock(ids[i]);
+
+		if (obj->fence >= fence)
+			continue;
+		obj->fence = fence;
+		obj->fence_unwritten = true;
+		obj->fence_raised_in = GetCurrentSubTransactionId();
+		obj->dirty = true;
+	}
+}
+
+/* Write the raised fences no write-back has written yet (fences only, by TID). */
+void
+sh_state_write_fences(Datum *ids, int n)
+{
+	ShFenceWriter *w = NULL;
+
+	for (int i = 0; i < n; i++)
+	{
+		ShObject   *obj = sh_state_lock(ids[i]);
+
+		if (!obj->fence_unwritten)
+			continue;
+		if (w == NULL)
+			w = sh_fence_writer_begin();
+		sh_write_fence(w, obj);
+		obj->fence_unwritten = false;
+	}
+	if (w != NULL)
+		sh_fence_writer_end(w);
+}

@@ -338,55 +338,6 @@ sh_state_forget_settled(void)
 		state_shrink();
 }
 
-/* Is r the replica of key (NULL: no replica)? */
-static bool
-same_replica(text *r, text *replica)
-{
-	return r == NULL ? replica == NULL :
-		(replica != NULL && sh_text_key_match(&r, &replica, 0) == 0);
-}
-
-/* The object's key for replica (NULL: the NULL key), or NULL when it has none. */
-ShKey *
-sh_state_key(ShObject *obj, text *replica)
-{
-	for (int i = 0; i < obj->nkeys; i++)
-		if (same_replica(obj->keys[i].replica_id, replica))
-			return &obj->keys[i];
-	return NULL;
-}
-
-/* The object's key for replica, added empty when it has none yet. */
-static ShKey *
-key_for(ShObject *obj, text *replica)
-{
-	ShKey	   *key = sh_state_key(obj, replica);
-
-	if (key != NULL)
-		return key;
-	if (obj->nkeys == obj->maxkeys)
-	{
-		obj->maxkeys = Max(4, obj->maxkeys * 2);
-		obj->keys = obj->keys == NULL ?
-			MemoryContextAlloc(state_cxt, obj->maxkeys * sizeof(ShKey)) :
-			repalloc(obj->keys, obj->maxkeys * sizeof(ShKey));
-	}
-	key = &obj->keys[obj->nkeys++];
-	memset(key, 0, sizeof(ShKey));
-	ItemPointerSetInvalid(&key->tid);
-	ItemPointerSetInvalid(&key->last_tid);
-	key->last_at = key->last_seen_at = key->current_at = key->status_since = SH_NO_STAMP;
-	key->expires_at = SH_NO_STAMP;
-	if (replica != NULL)
-	{
-		MemoryContext old = MemoryContextSwitchTo(state_cxt);
-
-		key->replica_id = DatumGetTextPCopy(PointerGetDatum(replica));
-		MemoryContextSwitchTo(old);
-	}
-	return key;
-}
-
 /* ---- the rules ---- */
 
 /*
@@ -424,7 +375,7 @@ fold(ShObject *obj, TupleTableSlot *slot, bool event)
 		if (sh_state_stale(obj, row.generation, floor, row.status, row.stamp))
 			sh_refuse_row(obj, &row, "it is below the object's fence or a floor, from a retired replica, or after a dropped report");
 	}
-	key = key_for(obj, row.replica_id);
+	key = sh_key_for(obj, row.replica_id, state_cxt);
 	if (!imports && key->last_seen_at > row.stamp)
 		sh_refuse_row(obj, &row, "a repeat of its key was decided without it while it was being inserted");
 	/* Another key's repeat relied on the object's current report being what it was then. */
@@ -592,7 +543,7 @@ refold_past(ShObject *obj, TupleTableSlot *slot)
 	ShRowScan		s;
 
 	sh_read_stored(slot, &row);
-	key = key_for(obj, row.replica_id);
+	key = sh_key_for(obj, row.replica_id, state_cxt);
 	if (key->last_at == SH_NO_STAMP || row.stamp > key->last_at)
 	{
 		key->last_at = row.stamp;
@@ -615,7 +566,7 @@ refold_past(ShObject *obj, TupleTableSlot *slot)
 		if (r.stale)
 			continue;
 		sh_run_walk(&orun, &r);
-		if (same_replica(key->replica_id, r.replica_id))
+		if (sh_same_replica(key->replica_id, r.replica_id))
 			sh_run_walk(&krun, &r);
 	}
 	sh_rows_end(&s);
@@ -699,50 +650,6 @@ sh_state_seen(ShObject *obj, ShKey *key, TimestampTz seen, int64 lease)
 	}
 	note_repeat(obj, key, seen);
 	write_back(obj, NULL);
-}
-
-/*
- * reconnect(): raise the fence of every listed object (locked already) to
- * at least fence.  A fence is no function of stored rows: it is written with
- * the object's next write-back (a re-stamped copy's), or by
- * sh_state_write_fences(), and until then survives the state being read
- * again (unless the subtransaction that raised it aborts).
- */
-void
-sh_state_raise_fences(Datum *ids, int n, int64 fence)
-{
-	for (int i = 0; i < n; i++)
-	{
-		ShObject   *obj = sh_state_lock(ids[i]);
-
-		if (obj->fence >= fence)
-			continue;
-		obj->fence = fence;
-		obj->fence_unwritten = true;
-		obj->fence_raised_in = GetCurrentSubTransactionId();
-		obj->dirty = true;
-	}
-}
-
-/* Write the raised fences no write-back has written yet (fences only, by TID). */
-void
-sh_state_write_fences(Datum *ids, int n)
-{
-	ShFenceWriter *w = NULL;
-
-	for (int i = 0; i < n; i++)
-	{
-		ShObject   *obj = sh_state_lock(ids[i]);
-
-		if (!obj->fence_unwritten)
-			continue;
-		if (w == NULL)
-			w = sh_fence_writer_begin();
-		sh_write_fence(w, obj);
-		obj->fence_unwritten = false;
-	}
-	if (w != NULL)
-		sh_fence_writer_end(w);
 }
 
 /*

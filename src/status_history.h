@@ -229,6 +229,11 @@ extern void sh_waiting_settled(ShObject *obj);
 extern bool sh_lock_object(Datum object_id, int64 new_fence, ShObject *obj);
 extern void sh_read_keys(ShObject *obj, MemoryContext cxt);
 
+/* keys.c */
+extern bool sh_same_replica(text *r, text *replica);
+extern ShKey *sh_state_key(ShObject *obj, text *replica);
+extern ShKey *sh_key_for(ShObject *obj, text *replica, MemoryContext cxt);
+
 /* state.c */
 extern void sh_state_init(void);
 extern ShObject *sh_state_lock(Datum object_id);
@@ -238,15 +243,12 @@ extern void sh_state_forget_settled(void);
 extern void sh_state_catch_up(ShObject *obj);
 extern bool sh_state_catch_up_for(ShObject *obj, int status, bool stale);
 extern void sh_state_handed(ShObject *obj, TimestampTz stamp, int status, bool stale);
-extern ShKey *sh_state_key(ShObject *obj, text *replica);
 extern bool sh_state_stale(const ShObject *obj, int64 generation, int64 floor,
 						   const char *status, TimestampTz stamp);
 extern void sh_state_note_import(ShObject *obj, bool past);
 extern bool sh_state_repeats_allowed(ShObject *obj);
 extern void sh_state_seen(ShObject *obj, ShKey *key, TimestampTz seen, int64 lease);
 extern void sh_state_after_row(HeapTuple tuple, TupleDesc desc);
-extern void sh_state_raise_fences(Datum *ids, int n, int64 fence);
-extern void sh_state_write_fences(Datum *ids, int n);
 extern void sh_state_settle(void);
 extern void sh_state_invalidate(void);
 extern int	sh_execute_own(SPIPlanPtr plan, Datum *args, const char *nulls);
@@ -315,6 +317,8 @@ extern void sh_fence_set_in_reconnect(bool on);
 extern void sh_fence_check_unreported(const char *what);
 
 /* fence.c */
+extern void sh_state_raise_fences(Datum *ids, int n, int64 fence);
+extern void sh_state_write_fences(Datum *ids, int n);
 extern void sh_fence_init(void);
 extern int	sh_sort_ids(Datum *ids, int n);
 /* The floor of a retired replica: above every generation. */
