@@ -749,6 +749,25 @@ GRANT EXECUTE ON FUNCTION status_history.changes(timestamptz, integer, boolean) 
 ALTER TABLE status_history.replica_state REPLICA IDENTITY FULL;
 ALTER TABLE status_history.floors REPLICA IDENTITY FULL;
 
+-- @@ floors kept across transactions: every write of floors tells the
+-- backends that kept them to read them again.
+CREATE FUNCTION status_history.floors_changed()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'status_history_floors_changed'
+LANGUAGE C;
+
+COMMENT ON FUNCTION status_history.floors_changed() IS
+    'After every write of status_history.floors, whoever writes: backends read the floors again instead of using the ones they kept.';
+CREATE TRIGGER floors_changed
+    AFTER INSERT OR UPDATE OR DELETE ON status_history.floors
+    FOR EACH ROW EXECUTE FUNCTION status_history.floors_changed();
+CREATE TRIGGER floors_truncated
+    AFTER TRUNCATE ON status_history.floors
+    FOR EACH STATEMENT EXECUTE FUNCTION status_history.floors_changed();
+ALTER TABLE status_history.floors ENABLE ALWAYS TRIGGER floors_changed;
+ALTER TABLE status_history.floors ENABLE ALWAYS TRIGGER floors_truncated;
+REVOKE ALL ON FUNCTION status_history.floors_changed() FROM PUBLIC;
+
 -- @@ versions: the library serves the SQL objects of its own version only
 -- (every upgrade script ends by replacing versions(), see the install script).
 CREATE OR REPLACE FUNCTION status_history.versions(OUT library text, OUT extension text)

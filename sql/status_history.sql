@@ -298,6 +298,22 @@ CREATE TRIGGER floors_guard
     BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON status_history.floors
     FOR EACH STATEMENT EXECUTE FUNCTION status_history.objects_guard();
 ALTER TABLE status_history.floors ENABLE ALWAYS TRIGGER floors_guard;
+-- Reporters keep the floors across transactions until a write changes them.
+CREATE FUNCTION status_history.floors_changed()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'status_history_floors_changed'
+LANGUAGE C;
+
+COMMENT ON FUNCTION status_history.floors_changed() IS
+    'After every write of status_history.floors, whoever writes: backends read the floors again instead of using the ones they kept.';
+CREATE TRIGGER floors_changed
+    AFTER INSERT OR UPDATE OR DELETE ON status_history.floors
+    FOR EACH ROW EXECUTE FUNCTION status_history.floors_changed();
+CREATE TRIGGER floors_truncated
+    AFTER TRUNCATE ON status_history.floors
+    FOR EACH STATEMENT EXECUTE FUNCTION status_history.floors_changed();
+ALTER TABLE status_history.floors ENABLE ALWAYS TRIGGER floors_changed;
+ALTER TABLE status_history.floors ENABLE ALWAYS TRIGGER floors_truncated;
 
 -- ---------------------------------------------------------------------------
 -- Writing.

@@ -37,11 +37,12 @@ sub blocks_of {
             die "$page:" . ($n + 1) . ": a ~~~ fence: write ``` (only those are run or skipped knowingly)\n"
                 if $l =~ /^\s*~~~/;
             if ($l =~ /^(\s*)```\s*(\S*)(.*)$/) {
-                ($indent, $info, $start) = ($1, lc $2, $n + 1);
+                my ($word, $rest) = ($2, $3);
+                ($indent, $info, $start) = ($1, lc $word, $n + 1);
                 # A fence GitHub shows as SQL must be one this runs (or output).
-                die "$page:$start: fence ```$2$3: write ```sql (run) or ```text (not run)\n"
+                die "$page:$start: fence ```$word$rest: write ```sql (run) or ```text (not run)\n"
                     if ($info =~ /^(sql|psql|pgsql|postgres|postgresql|plpgsql)/ || $info eq 'output')
-                        && ($3 =~ /\S/ || ($info ne 'sql' && $info ne 'output'));
+                        && ($rest =~ /\S/ || ($info ne 'sql' && $info ne 'output'));
                 @body = ();
             } elsif ($l !~ /^\s*$/) {
                 $since_sql = 99;    # prose between: an output block no longer belongs
