@@ -568,6 +568,7 @@ status_history_reconnect(PG_FUNCTION_ARGS)
 	generation = PG_GETARG_INT64(0);
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
 
+	sh_lock_prune_eagerly(true);
 	PG_TRY();
 	{
 		if (PG_ARGISNULL(2))
@@ -633,6 +634,7 @@ status_history_reconnect(PG_FUNCTION_ARGS)
 	PG_FINALLY();
 	{
 		sh_fence_set_in_reconnect(false);
+		sh_lock_prune_eagerly(false);
 	}
 	PG_END_TRY();
 	return (Datum) 0;

@@ -232,6 +232,7 @@ status_history_expire(PG_FUNCTION_ARGS)
 				 errhint("Pass how many lapses one call may record, or NULL for all of them.")));
 	n = lapsed_ids(PG_ARGISNULL(0) ? PG_INT64_MAX : PG_GETARG_INT32(0), &ids);
 	SPI_connect();
+	sh_lock_prune_eagerly(true);
 	PG_TRY();
 	{
 		n = sh_sort_ids(ids, n);
@@ -254,6 +255,7 @@ status_history_expire(PG_FUNCTION_ARGS)
 	}
 	PG_FINALLY();
 	{
+		sh_lock_prune_eagerly(false);
 		in_expire = false;
 		sh_fence_set_in_reconnect(false);
 	}

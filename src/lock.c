@@ -11,16 +11,19 @@
  * fail merely because another reporter committed a newer version.  The
  * first report of an object creates its row.  Nobody else can change the
  * rows of an object while we hold its lock: what is read here stays true
- * for the rest of the transaction, except for our own writes.
+ * for the rest of the transaction, except for our own writes.  Both rows'
+ * pages are pruned only when their free space runs low (next_row()).
  */
 #include "postgres.h"
 
 #include "access/genam.h"
+#include "access/heapam.h"
 #include "access/relscan.h"
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
 #include "catalog/pg_type.h"
+#include "storage/bufmgr.h"
 #include "storage/lmgr.h"
 #include "utils/builtins.h"
 #include "utils/datum.h"
@@ -68,6 +71,66 @@ read_object_row(TupleTableSlot *slot, ShObject *obj)
 }
 
 /*
+ * Prune a state row's page only once its free space runs low.  An index
+ * scan prunes a page whenever less than the fillfactor's room is free,
+ * which on these half-full pages is every time one of their rows was
+ * updated: one prune (a WAL record) per row per report.  Pruning when less
+ * than a fifth is left instead does it once per many updates, and still
+ * leaves room for the next version on the same page (HOT).
+ */
+#define PRUNE_BELOW_FREE (BLCKSZ / 5)
+
+/*
+ * reconnect(), retire_replica() and expire() update every row of a page in
+ * one transaction: for them a page is pruned as PostgreSQL prunes it, so
+ * that all their new versions find room on it.
+ */
+static bool prune_eagerly = false;
+
+void
+sh_lock_prune_eagerly(bool on)
+{
+	prune_eagerly = on;
+}
+
+/*
+ * The next row of an index scan of a state table visible to its snapshot,
+ * as index_getnext_slot() finds it (the HOT chain followed, as heapam
+ * does) but pruning the page only below PRUNE_BELOW_FREE.
+ */
+static bool
+next_row(Relation rel, IndexScanDesc scan, TupleTableSlot *slot)
+{
+	BufferHeapTupleTableSlot *bslot = (BufferHeapTupleTableSlot *) slot;
+	ItemPointer tid;
+
+	Assert(TTS_IS_BUFFERTUPLE(slot));
+	while ((tid = index_getnext_tid(scan, ForwardScanDirection)) != NULL)
+	{
+		ItemPointerData at = *tid;
+		Buffer		buf = ReadBuffer(rel, ItemPointerGetBlockNumber(&at));
+		bool		all_dead;
+		bool		found;
+
+		/* (Unlocked, as heap_page_prune_opt reads it: a hint.) */
+		if (prune_eagerly || PageGetHeapFreeSpace(BufferGetPage(buf)) < PRUNE_BELOW_FREE)
+			heap_page_prune_opt(rel, buf);
+		LockBuffer(buf, BUFFER_LOCK_SHARE);
+		found = heap_hot_search_buffer(&at, rel, buf, scan->xs_snapshot,
+									   &bslot->base.tupdata, &all_dead, true);
+		LockBuffer(buf, BUFFER_LOCK_UNLOCK);
+		if (found)
+		{
+			bslot->base.tupdata.t_tableOid = RelationGetRelid(rel);
+			ExecStorePinnedBufferHeapTuple(&bslot->base.tupdata, slot, buf);
+			return true;
+		}
+		ReleaseBuffer(buf);
+	}
+	return false;
+}
+
+/*
  * Open a state table (ROW EXCLUSIVE, kept to the end of the transaction)
  * and one of its indexes: those its kept writer holds open (rowwrite.c),
  * which saves opening them for every object.  True when they are those.
@@ -112,7 +175,7 @@ lock_row(Relation rel, Relation index, Datum object_id, ShObject *obj)
 
 	scan = index_beginscan(rel, index, snapshot, 1, 0);
 	index_rescan(scan, &key, 1, NULL, 0);
-	while (index_getnext_slot(scan, ForwardScanDirection, found))
+	while (next_row(rel, scan, found))
 	{
 		TM_FailureData tmfd;
 		ItemPointerData tid = found->tts_tid;
@@ -303,7 +366,7 @@ sh_read_keys(ShObject *obj, MemoryContext cxt)
 	skey.sk_collation = index->rd_indcollation[0];
 	index_rescan(scan, &skey, 1, NULL, 0);
 	obj->last_at = obj->has_current ? obj->current_at : SH_NO_STAMP;
-	while (index_getnext_slot(scan, ForwardScanDirection, slot))
+	while (next_row(rel, scan, slot))
 	{
 		ShKey	   *key;
 

@@ -179,6 +179,7 @@ status_history_retire_replica(PG_FUNCTION_ARGS)
 	check_retire_args(fcinfo);
 	replica_id = PG_GETARG_DATUM(0);
 	sh_state_settle();
+	sh_lock_prune_eagerly(true);
 	PG_TRY();
 	{
 		if (sh_fence_retire(replica_id))
@@ -208,6 +209,7 @@ status_history_retire_replica(PG_FUNCTION_ARGS)
 	}
 	PG_FINALLY();
 	{
+		sh_lock_prune_eagerly(false);
 		sh_fence_set_in_reconnect(false);
 	}
 	PG_END_TRY();

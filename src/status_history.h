@@ -226,6 +226,7 @@ extern bool sh_waiting_came(ShObject *obj, TimestampTz stamp);
 extern void sh_waiting_settled(ShObject *obj);
 
 /* lock.c */
+extern void sh_lock_prune_eagerly(bool on);
 extern bool sh_lock_object(Datum object_id, int64 new_fence, ShObject *obj);
 extern void sh_read_keys(ShObject *obj, MemoryContext cxt);
 
