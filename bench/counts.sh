@@ -184,6 +184,16 @@ count "bulk INSERT ... SELECT into the history" "$COUNT_BULK" row \
     one_statement "INSERT INTO status_history.history (object_id, status, replica_id, generation) SELECT 'obj-' || (i % $COUNT_OBJECTS), $statuses[1 + (i / $COUNT_OBJECTS) % 5], 'r1', 1 FROM generate_series(0, $COUNT_BULK - 1) AS i"
 count "bulk INSERT ... SELECT into plain" "$COUNT_BULK" row \
     one_statement "INSERT INTO plain (occurred_at, object_id, status, replica_id, generation) SELECT clock_timestamp(), 'obj-' || (i % $COUNT_OBJECTS), $statuses[1 + (i / $COUNT_OBJECTS) % 5], 'r1', 1 FROM generate_series(0, $COUNT_BULK - 1) AS i"
+count "bulk INSERT ... SELECT into the history, new objects" "$COUNT_BULK" row \
+    one_statement "INSERT INTO status_history.history (object_id, status, replica_id, generation) SELECT 'new-' || (i % $COUNT_OBJECTS), $statuses[1 + (i / $COUNT_OBJECTS) % 5], 'r1', 1 FROM generate_series(0, $COUNT_BULK - 1) AS i"
+count "bulk INSERT ... SELECT into plain, new objects" "$COUNT_BULK" row \
+    one_statement "INSERT INTO plain (occurred_at, object_id, status, replica_id, generation) SELECT clock_timestamp(), 'new-' || (i % $COUNT_OBJECTS), $statuses[1 + (i / $COUNT_OBJECTS) % 5], 'r1', 1 FROM generate_series(0, $COUNT_BULK - 1) AS i"
+# COPY, rows made by a program on the server (the same rows as above, into existing objects).
+copy_rows="awk 'BEGIN {split(\"starting running paused stalled ceased\", s, \" \"); for (i = 0; i < $COUNT_BULK; i++) printf \"obj-%d\\t%s\\tr1\\t1\\n\", i % $COUNT_OBJECTS, s[1 + int(i / $COUNT_OBJECTS) % 5]}'"
+count "COPY into the history" "$COUNT_BULK" row \
+    one_statement "COPY status_history.history (object_id, status, replica_id, generation) FROM PROGRAM \$\$$copy_rows\$\$"
+count "COPY into plain (occurred_at by its default, clock_timestamp())" "$COUNT_BULK" row \
+    one_statement "ALTER TABLE plain ALTER COLUMN occurred_at SET DEFAULT clock_timestamp(); COPY plain (object_id, status, replica_id, generation) FROM PROGRAM \$\$$copy_rows\$\$"
 
 q "ALTER SYSTEM RESET autovacuum"
 q "SELECT pg_reload_conf()" >/dev/null

@@ -286,6 +286,16 @@ for c in 1 "$CLIENTS"; do
         row "1. append: report() vs plain INSERT, $c clients, sync $sync" "tx/s" "$e" "$b" tps rate 0.7
     done
 done
+# The same with both sides sent as prepared statements (-M prepared), as a
+# client library sends a statement it runs often (psycopg after 5 runs, pgx
+# and JDBC by default): neither side parses and plans at every execution.
+for c in 1 "$CLIENTS"; do
+    for sync in off on; do
+        q "CHECKPOINT"
+        read -r e b <<<"$(PGOPTIONS="-c synchronous_commit=$sync" tps_pair "$c" "$ext" "$base" prepared)"
+        row "1. append: report() vs plain INSERT, cached plans, $c clients, sync $sync" "tx/s" "$e" "$b" tps rate 0.7
+    done
+done
 q "INSERT INTO hand_history SELECT * FROM status_history.history"
 q "INSERT INTO hand_objects SELECT * FROM status_history.objects"
 q "INSERT INTO hand_keys SELECT * FROM status_history.replica_state"
