@@ -43,6 +43,13 @@ SELECT object_id, replica_id, status FROM status_history.statuses WHERE object_i
 SELECT * FROM status_history.reconnect(100, 'r2');
 SELECT * FROM status_history.reconnect(100, 'r2', ARRAY['a']);
 \set VERBOSITY terse
+-- A restored floor row merges its retirement too: a dump taken after the
+-- replica was retired, restored over a database where it is live with a
+-- higher floor, keeps the higher floor and the retirement.
+SELECT count(*) AS copies FROM status_history.reconnect(3, 'retired-in-dump');
+INSERT INTO status_history.floors VALUES ('retired-in-dump', 0, '2026-01-01 00:00+00');
+SELECT replica_id, generation, retired_at FROM status_history.floors WHERE replica_id = 'retired-in-dump';
+SELECT status, stale FROM status_history.report('z9', 'running', replica_id => 'retired-in-dump', generation => 50);
 SELECT status_history.retire_replica('r2') AS again;
 -- An unknown replica is not an error (and is retired from then on).
 SELECT status_history.retire_replica('never-seen') AS unknown;
@@ -146,5 +153,16 @@ SELECT count(*) AS live_rows_of_retired FROM status_history.history h
  WHERE f.retired_at IS NOT NULL AND h.occurred_at > f.retired_at AND NOT h.stale;
 SELECT count(*) AS current_from_retired FROM status_history.statuses s
   JOIN status_history.floors f ON f.replica_id = s.replica_id WHERE f.retired_at IS NOT NULL;
+
+-- The floors a backend keeps across transactions are bounded in bytes, not
+-- only in replicas: replica ids have no length limit (50 ids of 100 kB each
+-- would keep 5 MB).
+DO $$ BEGIN
+    FOR i IN 1..50 LOOP
+        PERFORM status_history.report('long-' || i, 'running', replica_id => repeat('x', 100000) || i);
+    END LOOP;
+END $$;
+SELECT sum(total_bytes) < 2 * 1024 * 1024 AS kept_floors_bounded
+  FROM pg_backend_memory_contexts WHERE name = 'status_history floors';
 
 DROP EXTENSION status_history;

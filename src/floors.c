@@ -59,8 +59,9 @@ typedef struct FloorsShared
 	pg_atomic_uint64 changes;
 } FloorsShared;
 
-/* More replicas than this kept: start again (a bound on the memory). */
+/* More replicas, or more bytes of their ids, than this kept: start again. */
 #define MAX_KEPT_REPLICAS 4096
+#define MAX_KEPT_BYTES (1024 * 1024)
 
 static void forget_floors(void);
 
@@ -68,7 +69,7 @@ static FloorsShared *floors_shared = NULL;
 static bool floors_read = false;	/* what follows holds floors */
 static uint64 floors_changes = 0;	/* floors_shared->changes when read */
 static Oid	floors_relid = InvalidOid;	/* the floors table they were read from */
-static bool floors_recheck = false;	/* it may have been dropped meanwhile */
+static bool floors_recheck = false;	/* DDL on it, or dropped, meanwhile */
 static bool xact_checked = false;	/* floors locked in this transaction */
 static bool xact_counter_checked = false;	/* and the counter compared */
 static bool xact_saw_writes = false;	/* read a floor being written: do not keep */
@@ -76,6 +77,7 @@ static int64 floor_all = 0;			/* counting floors being raised */
 static int64 floor_all_committed = 0;	/* without them: for new objects' fence */
 static MemoryContext floors_context = NULL;	/* child of TopMemoryContext */
 static HTAB *replica_floors = NULL;
+static Size replica_floors_bytes = 0;	/* of the ids kept in it */
 
 /* ---- the counter in shared memory ---- */
 
@@ -202,6 +204,7 @@ new_replica_floors(void)
 										   ALLOCSET_SMALL_SIZES);
 	replica_floors = sh_text_hash_create("status_history floors", sizeof(ReplicaFloor),
 										 floors_context);
+	replica_floors_bytes = 0;
 }
 
 /*
@@ -218,9 +221,10 @@ check_floors(void)
 	{
 		Oid			relid = sh_relation_oid_if_exists("floors");
 
-		floors_recheck = false;
-		if (relid != floors_relid)
+		/* DDL on floors (a rewrite changes values without a row trigger): read again. */
+		if (floors_recheck || relid != floors_relid)
 			forget_floors();
+		floors_recheck = false;
 		floors_relid = relid;
 		if (!OidIsValid(relid))
 			return false;
@@ -269,8 +273,11 @@ sh_fence_floor(Datum replica_id, bool replica_null)
 	{
 		int64		floor = read_floor(replica_id, false, NULL);
 
-		if (hash_get_num_entries(replica_floors) >= MAX_KEPT_REPLICAS)
+		/* (Replica ids have no length limit: the bytes are bounded too.) */
+		if (hash_get_num_entries(replica_floors) >= MAX_KEPT_REPLICAS ||
+			replica_floors_bytes + VARSIZE_ANY(key) > MAX_KEPT_BYTES)
 			new_replica_floors();
+		replica_floors_bytes += VARSIZE_ANY(key);
 		key = (text *) MemoryContextAlloc(floors_context, VARSIZE_ANY(key));
 		memcpy(key, DatumGetTextPP(replica_id), VARSIZE_ANY(DatumGetTextPP(replica_id)));
 		entry = hash_search(replica_floors, &key, HASH_ENTER, &found);

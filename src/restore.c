@@ -62,7 +62,8 @@ Datum
 status_history_restore_merge(PG_FUNCTION_ARGS)
 {
 	/*
-	 * Per table: keep the higher fence and the higher floor; a key's
+	 * Per table: keep the higher fence and the higher floor, and a retirement
+	 * (the earlier, when both are retired: LEAST ignores a NULL); a key's
 	 * last_seen_at is the dump's (the history's restore counts controller
 	 * copies as sightings, the dump knows better), and so is when the lease
 	 * of the current report runs out if it is the same report (a heartbeat
@@ -78,7 +79,8 @@ status_history_restore_merge(PG_FUNCTION_ARGS)
 		"                          THEN excluded.lapse_error ELSE o.lapse_error END",
 		"INSERT INTO status_history.floors AS f SELECT ($1).*"
 		"    ON CONFLICT (replica_id) DO UPDATE"
-		"   SET generation = pg_catalog.int8larger(f.generation, excluded.generation)",
+		"   SET generation = pg_catalog.int8larger(f.generation, excluded.generation),"
+		"       retired_at = LEAST(f.retired_at, excluded.retired_at)",
 		"INSERT INTO status_history.replica_state AS k SELECT ($1).*"
 		"    ON CONFLICT (object_id, replica_id) DO UPDATE"
 		"   SET last_seen_at = excluded.last_seen_at,"
