@@ -279,21 +279,19 @@ nodedup='-c status_history.deduplicate=off'
 # of the checkpoint those loads set off); the hand-written copy of the history
 # is made only after the plain INSERT comparisons, so that it does not crowd
 # the extension's tables out of shared buffers while they run.
-for c in 1 "$CLIENTS"; do
-    for sync in off on; do
-        q "CHECKPOINT"
-        read -r e b <<<"$(PGOPTIONS="-c synchronous_commit=$sync" tps_pair "$c" "$ext" "$base")"
-        row "1. append: report() vs plain INSERT, $c clients, sync $sync" "tx/s" "$e" "$b" tps rate 0.7
-    done
-done
-# The same with both sides sent as prepared statements (-M prepared), as a
-# client library sends a statement it runs often (psycopg after 5 runs, pgx
-# and JDBC by default): neither side parses and plans at every execution.
-for c in 1 "$CLIENTS"; do
-    for sync in off on; do
-        q "CHECKPOINT"
-        read -r e b <<<"$(PGOPTIONS="-c synchronous_commit=$sync" tps_pair "$c" "$ext" "$base" prepared)"
-        row "1. append: report() vs plain INSERT, cached plans, $c clients, sync $sync" "tx/s" "$e" "$b" tps rate 0.7
+# Both sides sent with the simple protocol, then both as prepared statements
+# (-M prepared), as a client library sends a statement it runs often
+# (psycopg after 5 runs, pgx and JDBC by default): neither side then parses
+# and plans at every execution.
+for mode in simple prepared; do
+    label=
+    if [ "$mode" = prepared ]; then label=", cached plans"; fi
+    for c in 1 "$CLIENTS"; do
+        for sync in off on; do
+            q "CHECKPOINT"
+            read -r e b <<<"$(PGOPTIONS="-c synchronous_commit=$sync" tps_pair "$c" "$ext" "$base" "$mode")"
+            row "1. append: report() vs plain INSERT$label, $c clients, sync $sync" "tx/s" "$e" "$b" tps rate 0.7
+        done
     done
 done
 q "INSERT INTO hand_history SELECT * FROM status_history.history"

@@ -18,11 +18,13 @@
 
 #include "access/genam.h"
 #include "access/heapam.h"
+#include "access/heaptoast.h"
 #include "access/relscan.h"
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
 #include "catalog/pg_type.h"
+#include "pgstat.h"
 #include "storage/bufmgr.h"
 #include "storage/lmgr.h"
 #include "utils/builtins.h"
@@ -74,11 +76,12 @@ read_object_row(TupleTableSlot *slot, ShObject *obj)
  * Prune a state row's page only once its free space runs low.  An index
  * scan prunes a page whenever less than the fillfactor's room is free,
  * which on these half-full pages is every time one of their rows was
- * updated: one prune (a WAL record) per row per report.  Pruning when less
- * than a fifth is left instead does it once per many updates, and still
- * leaves room for the next version on the same page (HOT).
+ * updated: one prune (a WAL record) per row per report.  Pruning only when
+ * the largest version a row can have in line (a larger one is toasted)
+ * might not fit does it once per many updates, and still leaves room for
+ * the next version on the same page (HOT), whatever its size.
  */
-#define PRUNE_BELOW_FREE (BLCKSZ / 5)
+#define PRUNE_BELOW_FREE (TOAST_TUPLE_THRESHOLD + sizeof(ItemIdData))
 
 /*
  * reconnect(), retire_replica() and expire() update every row of a page in
@@ -105,12 +108,17 @@ next_row(Relation rel, IndexScanDesc scan, TupleTableSlot *slot)
 	ItemPointer tid;
 
 	Assert(TTS_IS_BUFFERTUPLE(slot));
-	while ((tid = index_getnext_tid(scan, ForwardScanDirection)) != NULL)
+	for (;;)
 	{
-		ItemPointerData at = *tid;
-		Buffer		buf = ReadBuffer(rel, ItemPointerGetBlockNumber(&at));
+		ItemPointerData at;
+		Buffer		buf;
 		bool		all_dead;
 		bool		found;
+
+		if ((tid = index_getnext_tid(scan, ForwardScanDirection)) == NULL)
+			return false;
+		at = *tid;
+		buf = ReadBuffer(rel, ItemPointerGetBlockNumber(&at));
 
 		/* (Unlocked, as heap_page_prune_opt reads it: a hint.) */
 		if (prune_eagerly || PageGetHeapFreeSpace(BufferGetPage(buf)) < PRUNE_BELOW_FREE)
@@ -119,15 +127,18 @@ next_row(Relation rel, IndexScanDesc scan, TupleTableSlot *slot)
 		found = heap_hot_search_buffer(&at, rel, buf, scan->xs_snapshot,
 									   &bslot->base.tupdata, &all_dead, true);
 		LockBuffer(buf, BUFFER_LOCK_UNLOCK);
+		/* As index_fetch_heap(): an entry whose versions are all dead is marked for the index. */
+		if (!scan->xactStartedInRecovery)
+			scan->kill_prior_tuple = all_dead;
 		if (found)
 		{
+			pgstat_count_heap_fetch(rel);
 			bslot->base.tupdata.t_tableOid = RelationGetRelid(rel);
 			ExecStorePinnedBufferHeapTuple(&bslot->base.tupdata, slot, buf);
 			return true;
 		}
 		ReleaseBuffer(buf);
 	}
-	return false;
 }
 
 /*
