@@ -428,69 +428,79 @@ sh_fence_put_returned_rows(ReturnSetInfo *rsinfo)
 	}
 }
 
+/*
+ * Every live object's current report, as the view shows it, re-stamped:
+ * the rows sh_copies_current() read, inserted from its arrays.
+ */
+static int
+insert_current_copies(Datum *ids, int n, int64 generation)
+{
+	static SPIPlanPtr plan = NULL;
+	Oid			types[8] = {TEXTARRAYOID, TEXTARRAYOID, TEXTARRAYOID, JSONBARRAYOID, TEXTARRAYOID,
+		TIMESTAMPTZARRAYOID, INTERVALARRAYOID, INT8OID};
+	Datum		args[8];
+	char		nulls[8];
+
+	(void) sh_copies_current(ids, n, args, nulls);
+	args[7] = Int64GetDatum(generation);
+	nulls[7] = ' ';
+	if (plan == NULL)
+		plan = sh_prepare_kept("INSERT INTO status_history.history AS h"
+							   " (object_id, status, error, details, replica_id, generation, reported_at, lease)"
+							   " SELECT pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3),"
+							   "        pg_catalog.unnest($4), pg_catalog.unnest($5), $8,"
+							   "        pg_catalog.unnest($6), pg_catalog.unnest($7)"
+							   " RETURNING h", 8, types);
+	return sh_execute_latest(plan, args, nulls, false, 0);
+}
+
+/* The replica's newest non-stale report of every live object, re-stamped. */
+static int
+insert_replica_copies(Datum *ids, int n, int64 generation, Datum replica_id)
+{
+	static SPIPlanPtr plan = NULL;
+	Oid			types[3] = {TEXTARRAYOID, INT8OID, TEXTOID};
+	Datum		args[3];
+
+	args[0] = PointerGetDatum(construct_array(ids, n, TEXTOID, -1, false, TYPALIGN_INT));
+	args[1] = Int64GetDatum(generation);
+	args[2] = replica_id;
+	if (plan == NULL)
+		plan = sh_prepare_kept(
+							   "INSERT INTO status_history.history AS h"
+							   " (object_id, status, error, details, replica_id, generation, reported_at, lease)"
+							   " SELECT o.object_id,"
+							   "        CASE WHEN l.lapsed THEN 'stalled' ELSE r.status END,"
+							   "        CASE WHEN l.lapsed THEN status_history.lapse_error(r.replica_id,"
+							   "                 k.expires_at OPERATOR(pg_catalog.-) r.lease) ELSE r.error END,"
+							   "        CASE WHEN l.lapsed THEN NULL ELSE r.details END,"
+							   "        r.replica_id, $2,"
+							   "        CASE WHEN l.lapsed THEN k.expires_at ELSE r.reported_at END,"
+							   "        CASE WHEN l.lapsed THEN NULL ELSE r.lease END"
+							   "   FROM pg_catalog.unnest($1) WITH ORDINALITY AS s(id, n)"
+							   "   JOIN status_history.objects AS o ON o.object_id OPERATOR(pg_catalog.=) s.id"
+							   "   JOIN status_history.replica_state AS k"
+							   "     ON k.object_id OPERATOR(pg_catalog.=) o.object_id"
+							   "    AND k.replica_id OPERATOR(pg_catalog.=) $3"
+							   "   JOIN status_history.history AS r ON r.occurred_at OPERATOR(pg_catalog.=) k.occurred_at"
+							   "  CROSS JOIN LATERAL (SELECT k.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now() AS lapsed) AS l"
+							   "  WHERE o.occurred_at IS NOT NULL AND o.status OPERATOR(pg_catalog.<>) 'dropped'"
+							   "  ORDER BY s.n"
+							   " RETURNING h", 3, types);
+	return sh_execute_latest(plan, args, NULL, false, 0);
+}
+
 /* Append the re-stamped copies and hand them to the caller's tuplestore. */
 static void
 append_copies(ReturnSetInfo *rsinfo, Datum *ids, int n, int64 generation,
 			  Datum replica_id, bool replica_null)
 {
-	static SPIPlanPtr current_plan = NULL;
-	static SPIPlanPtr replica_plan = NULL;
-	Oid			types[3] = {TEXTARRAYOID, INT8OID, TEXTOID};
-	Datum		args[3];
-	char		nulls[3] = {' ', ' ', replica_null ? 'n' : ' '};
 	int			ret;
 
-	args[0] = PointerGetDatum(construct_array(ids, n, TEXTOID, -1, false, TYPALIGN_INT));
-	args[1] = Int64GetDatum(generation);
-	args[2] = replica_id;
 	SPI_connect();
-	if (current_plan == NULL)
-	{
-		/* Every live object's current report, as the view shows it. */
-		current_plan = sh_prepare_kept(
-									   "INSERT INTO status_history.history AS h"
-									   " (object_id, status, error, details, replica_id, generation, reported_at, lease)"
-									   " SELECT o.object_id,"
-									   "        CASE WHEN l.lapsed THEN 'stalled' ELSE o.status END,"
-									   "        CASE WHEN l.lapsed THEN o.lapse_error ELSE o.error END,"
-									   "        CASE WHEN l.lapsed THEN NULL ELSE o.details END,"
-									   "        o.replica_id, $2,"
-									   "        CASE WHEN l.lapsed THEN o.expires_at ELSE o.reported_at END,"
-									   "        CASE WHEN l.lapsed THEN NULL ELSE o.lease END"
-									   "   FROM pg_catalog.unnest($1) WITH ORDINALITY AS s(id, n)"
-									   "   JOIN status_history.objects AS o ON o.object_id OPERATOR(pg_catalog.=) s.id"
-									   "  CROSS JOIN LATERAL (SELECT o.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now() AS lapsed) AS l"
-									   "  WHERE o.occurred_at IS NOT NULL AND o.status OPERATOR(pg_catalog.<>) 'dropped'"
-									   "  ORDER BY s.n"
-									   " RETURNING h", 3, types);
-	}
-	if (replica_plan == NULL)
-	{
-		/* The replica's newest non-stale report of every live object. */
-		replica_plan = sh_prepare_kept(
-									   "INSERT INTO status_history.history AS h"
-									   " (object_id, status, error, details, replica_id, generation, reported_at, lease)"
-									   " SELECT o.object_id,"
-									   "        CASE WHEN l.lapsed THEN 'stalled' ELSE r.status END,"
-									   "        CASE WHEN l.lapsed THEN status_history.lapse_error(r.replica_id,"
-									   "                 k.expires_at OPERATOR(pg_catalog.-) r.lease) ELSE r.error END,"
-									   "        CASE WHEN l.lapsed THEN NULL ELSE r.details END,"
-									   "        r.replica_id, $2,"
-									   "        CASE WHEN l.lapsed THEN k.expires_at ELSE r.reported_at END,"
-									   "        CASE WHEN l.lapsed THEN NULL ELSE r.lease END"
-									   "   FROM pg_catalog.unnest($1) WITH ORDINALITY AS s(id, n)"
-									   "   JOIN status_history.objects AS o ON o.object_id OPERATOR(pg_catalog.=) s.id"
-									   "   JOIN status_history.replica_state AS k"
-									   "     ON k.object_id OPERATOR(pg_catalog.=) o.object_id"
-									   "    AND k.replica_id OPERATOR(pg_catalog.=) $3"
-									   "   JOIN status_history.history AS r ON r.occurred_at OPERATOR(pg_catalog.=) k.occurred_at"
-									   "  CROSS JOIN LATERAL (SELECT k.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now() AS lapsed) AS l"
-									   "  WHERE o.occurred_at IS NOT NULL AND o.status OPERATOR(pg_catalog.<>) 'dropped'"
-									   "  ORDER BY s.n"
-									   " RETURNING h", 3, types);
-	}
 	/* Runs as the caller's definer (SECURITY DEFINER): the extension owner. */
-	ret = sh_execute_latest(replica_null ? current_plan : replica_plan, args, nulls, false, 0);
+	ret = replica_null ? insert_current_copies(ids, n, generation) :
+		insert_replica_copies(ids, n, generation, replica_id);
 	if (ret != SPI_OK_INSERT_RETURNING)
 		elog(ERROR, "status_history: re-stamping failed: %s", SPI_result_code_string(ret));
 	sh_fence_put_returned_rows(rsinfo);

@@ -18,6 +18,7 @@
  * restore.c    other SQL on the state tables: the guard, and merging restored rows
  * floors.c     the generation floors as reporters read them; what reconnect() must know
  * fence.c      reconnect(): raising floors and fences, locking a scope, re-stamped copies
+ * copies.c     reconnect()'s copies of the current reports, read from the objects rows by TID
  * retire.c     retire_replica(): a replica gone for good
  * notify.c     NOTIFY status_history when an object's status changes
  * latest.c     the latest() set-returning function; copying history rows into a result
@@ -329,6 +330,9 @@ extern void sh_fence_lock_scope(Datum *ids, int n, bool keep);
 extern void sh_fence_put_returned_rows(ReturnSetInfo *rsinfo);
 extern void sh_fence_refuse(int64 generation, int64 fence, const char *what);
 extern void sh_check_generation(int64 generation, const char *hint);
+
+/* copies.c */
+extern int	sh_copies_current(Datum *ids, int n, Datum *args, char *argnulls);
 
 /* lease.c */
 extern int64 sh_lease_check(Datum *lease, TimestampTz stamp, const char *status);

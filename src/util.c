@@ -293,26 +293,50 @@ sh_fetch_hint(Relation rel, ItemPointer tid, TupleTableSlot *slot)
 /*
  * SPI_fnumber(), remembered: the write-back names a dozen columns per row,
  * and a name lookup compares with every column.  The names are string
- * constants, so their addresses key a small cache; a hit is checked against
- * the column's name (a changed table finds it again).
+ * constants, so their addresses -- with the descriptor's row type, since one
+ * name ("status") is a column of several tables, at other positions -- key
+ * a small cache (a few probes, so that two columns a row needs do not evict
+ * each other); a hit is checked against the column's name (a changed table
+ * finds it again).
  */
 int
 sh_fnumber(TupleDesc desc, const char *column)
 {
+#define FNUMBER_SLOTS 512
+#define FNUMBER_PROBES 8
 	static struct
 	{
 		const char *column;
+		Oid			type;
 		int			attnum;
-	}			cache[64];
-	int			slot = (int) (((uintptr_t) column >> 3) % lengthof(cache));
-	int			attnum = cache[slot].attnum;
+	}			cache[FNUMBER_SLOTS];
+	uint32		h = (uint32) ((uintptr_t) column >> 3) * 0x9E3779B1u ^ desc->tdtypeid * 0x85EBCA77u;
+	int			first = (int) ((h ^ (h >> 16)) % FNUMBER_SLOTS);
+	int			slot = first;
+	int			attnum;
 
-	if (cache[slot].column == column && attnum > 0 && attnum <= desc->natts &&
-		!TupleDescAttr(desc, attnum - 1)->attisdropped &&
-		strcmp(NameStr(TupleDescAttr(desc, attnum - 1)->attname), column) == 0)
-		return attnum;
+	for (int probe = 0; probe < FNUMBER_PROBES; probe++)
+	{
+		int			at = (first + probe) % FNUMBER_SLOTS;
+
+		if (cache[at].column == NULL)
+		{
+			slot = at;			/* free: where a miss goes */
+			break;
+		}
+		if (cache[at].column != column || cache[at].type != desc->tdtypeid)
+			continue;
+		attnum = cache[at].attnum;
+		if (attnum > 0 && attnum <= desc->natts &&
+			!TupleDescAttr(desc, attnum - 1)->attisdropped &&
+			strcmp(NameStr(TupleDescAttr(desc, attnum - 1)->attname), column) == 0)
+			return attnum;
+		slot = at;				/* stale: found again below */
+		break;
+	}
 	attnum = SPI_fnumber(desc, column);
 	cache[slot].column = column;
+	cache[slot].type = desc->tdtypeid;
 	cache[slot].attnum = attnum;
 	return attnum;
 }
