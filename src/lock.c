@@ -133,6 +133,7 @@ next_row(Relation rel, IndexScanDesc scan, TupleTableSlot *slot)
 		if (found)
 		{
 			pgstat_count_heap_fetch(rel);
+			sh_note_block(rel, ItemPointerGetBlockNumber(&at));
 			bslot->base.tupdata.t_tableOid = RelationGetRelid(rel);
 			ExecStorePinnedBufferHeapTuple(&bslot->base.tupdata, slot, buf);
 			return true;

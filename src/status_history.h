@@ -63,6 +63,7 @@ extern bool sh_history_find_stamp(Relation history, TimestampTz stamp, TupleTabl
 extern uint32 sh_text_key_hash(const void *key, Size keysize);
 extern int	sh_text_key_match(const void *key1, const void *key2, Size keysize);
 extern void sh_check_id_list(Datum ids);
+extern void sh_note_block(Relation rel, BlockNumber blk);
 extern bool sh_fetch_hint(Relation rel, ItemPointer tid, TupleTableSlot *slot);
 extern int	sh_fnumber(TupleDesc desc, const char *column);
 extern AttrNumber sh_attnum(TupleDesc desc, const char *table, const char *column);

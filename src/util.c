@@ -29,6 +29,7 @@
 #include "common/hashfn.h"
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "storage/proc.h"
 #include "catalog/indexing.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_extension.h"
@@ -277,6 +278,75 @@ sh_history_find_stamp(Relation history, TimestampTz stamp, TupleTableSlot *slot)
 }
 
 /*
+ * The blocks a relation is known to have, for this transaction and file:
+ * asking the file is a system call, and every write-back checks its TID.
+ * While we hold a lock on a relation nobody else can shorten it (VACUUM's
+ * truncation needs ACCESS EXCLUSIVE), and our own transaction shortens a
+ * file in place only if it made that file (not kept then).  A block read
+ * in this transaction (sh_note_block) or counted in the file exists.
+ */
+static struct
+{
+	Oid			relid;
+	RelFileNode node;
+	LocalTransactionId lxid;
+	BlockNumber nblocks;
+}			known_blocks[4];
+
+/* The entry of rel in known_blocks, if its count holds now; else NULL. */
+static int
+known_blocks_slot(Relation rel, bool *holds)
+{
+	int			i = RelationGetRelid(rel) % lengthof(known_blocks);
+
+	*holds = known_blocks[i].relid == RelationGetRelid(rel) &&
+		known_blocks[i].lxid == MyProc->lxid &&
+		RelFileNodeEquals(known_blocks[i].node, rel->rd_node);
+	return i;
+}
+
+/* Remember that rel has at least nblocks blocks, if it may be kept. */
+static void
+remember_blocks(Relation rel, BlockNumber nblocks)
+{
+	bool		holds;
+	int			i = known_blocks_slot(rel, &holds);
+
+	if (rel->rd_createSubid != InvalidSubTransactionId ||
+		rel->rd_newRelfilenodeSubid != InvalidSubTransactionId ||
+		rel->rd_firstRelfilenodeSubid != InvalidSubTransactionId)
+		return;
+	if (holds && known_blocks[i].nblocks >= nblocks)
+		return;
+	known_blocks[i].relid = RelationGetRelid(rel);
+	known_blocks[i].node = rel->rd_node;
+	known_blocks[i].lxid = MyProc->lxid;
+	known_blocks[i].nblocks = nblocks;
+}
+
+/* Block blk of rel was read just now (under our lock). */
+void
+sh_note_block(Relation rel, BlockNumber blk)
+{
+	remember_blocks(rel, blk + 1);
+}
+
+/* Does rel have block blk? */
+static bool
+block_exists(Relation rel, BlockNumber blk)
+{
+	bool		holds;
+	int			i = known_blocks_slot(rel, &holds);
+	BlockNumber nblocks;
+
+	if (holds && blk < known_blocks[i].nblocks)
+		return true;
+	nblocks = RelationGetNumberOfBlocks(rel);
+	remember_blocks(rel, nblocks);
+	return blk < nblocks;
+}
+
+/*
  * The newest version visible to us (SnapshotSelf) of the row at tid, a
  * hint: false when there is none -- also when the table was rewritten since
  * the hint was taken (a superuser's ALTER TABLE) and tid is past its end.
@@ -286,7 +356,7 @@ bool
 sh_fetch_hint(Relation rel, ItemPointer tid, TupleTableSlot *slot)
 {
 	return ItemPointerIsValid(tid) &&
-		ItemPointerGetBlockNumber(tid) < RelationGetNumberOfBlocks(rel) &&
+		block_exists(rel, ItemPointerGetBlockNumber(tid)) &&
 		table_tuple_fetch_row_version(rel, tid, SnapshotSelf, slot);
 }
 
