@@ -27,6 +27,20 @@ sh_state_key(ShObject *obj, text *replica)
 	return NULL;
 }
 
+/* Room for one more key at the end of obj's keys (in cxt, the entries' context), not filled in. */
+ShKey *
+sh_key_append(ShObject *obj, MemoryContext cxt)
+{
+	if (obj->nkeys == obj->maxkeys)
+	{
+		obj->maxkeys = Max(4, obj->maxkeys * 2);
+		obj->keys = obj->keys == NULL ?
+			MemoryContextAlloc(cxt, obj->maxkeys * sizeof(ShKey)) :
+			repalloc(obj->keys, obj->maxkeys * sizeof(ShKey));
+	}
+	return &obj->keys[obj->nkeys++];
+}
+
 /* The object's key for replica, added empty (in cxt, the entries' context) when it has none yet. */
 ShKey *
 sh_key_for(ShObject *obj, text *replica, MemoryContext cxt)
@@ -35,14 +49,7 @@ sh_key_for(ShObject *obj, text *replica, MemoryContext cxt)
 
 	if (key != NULL)
 		return key;
-	if (obj->nkeys == obj->maxkeys)
-	{
-		obj->maxkeys = Max(4, obj->maxkeys * 2);
-		obj->keys = obj->keys == NULL ?
-			MemoryContextAlloc(cxt, obj->maxkeys * sizeof(ShKey)) :
-			repalloc(obj->keys, obj->maxkeys * sizeof(ShKey));
-	}
-	key = &obj->keys[obj->nkeys++];
+	key = sh_key_append(obj, cxt);
 	memset(key, 0, sizeof(ShKey));
 	ItemPointerSetInvalid(&key->tid);
 	ItemPointerSetInvalid(&key->last_tid);

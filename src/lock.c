@@ -380,16 +380,8 @@ sh_read_keys(ShObject *obj, MemoryContext cxt)
 	obj->last_at = obj->has_current ? obj->current_at : SH_NO_STAMP;
 	while (next_row(rel, scan, slot))
 	{
-		ShKey	   *key;
+		ShKey	   *key = sh_key_append(obj, cxt);
 
-		if (obj->nkeys == obj->maxkeys)
-		{
-			obj->maxkeys = Max(4, obj->maxkeys * 2);
-			obj->keys = obj->keys == NULL ?
-				MemoryContextAlloc(cxt, obj->maxkeys * sizeof(ShKey)) :
-				repalloc(obj->keys, obj->maxkeys * sizeof(ShKey));
-		}
-		key = &obj->keys[obj->nkeys++];
 		key_from_slot(slot, &cols, key, cxt);
 		obj->last_at = Max(obj->last_at, key->last_at);
 	}

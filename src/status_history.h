@@ -235,6 +235,7 @@ extern void sh_read_keys(ShObject *obj, MemoryContext cxt);
 /* keys.c */
 extern bool sh_same_replica(text *r, text *replica);
 extern ShKey *sh_state_key(ShObject *obj, text *replica);
+extern ShKey *sh_key_append(ShObject *obj, MemoryContext cxt);
 extern ShKey *sh_key_for(ShObject *obj, text *replica, MemoryContext cxt);
 
 /* state.c */
