@@ -44,6 +44,13 @@
 /* How far ahead of the newest stamp the persisted bound is raised. */
 #define BOUND_AHEAD USECS_PER_SEC
 
+/*
+ * Once stamps come within this of the bound, the backend taking one raises
+ * the bound early, if nobody else is raising it: the others go on stamping
+ * below the old bound instead of all waiting out one WAL flush a second.
+ */
+#define BOUND_EARLY (BOUND_AHEAD / 2)
+
 typedef struct ClockSlot
 {
 	Oid			dbid;			/* InvalidOid: free */
@@ -308,18 +315,23 @@ clock_check_writable(void)
 /*
  * Persist a bound of at least target, unless the bound covers needed
  * already.  A session lock on the sequence keeps two raisers from writing
- * out of order (a lower bound after a higher one).
+ * out of order (a lower bound after a higher one).  !wait: an early raise,
+ * given up if another raiser holds the lock.
  */
 static void
-clock_raise_bound(ClockSlot *slot, TimestampTz needed, TimestampTz target)
+clock_raise_bound(ClockSlot *slot, TimestampTz needed, TimestampTz target, bool wait)
 {
 	Oid			seqid = sh_relation_oid("clock_bound");
 	LockRelId	lockid;
+	LOCKTAG		tag;
 	ShSavedUser saved;
 
 	lockid.relId = seqid;
 	lockid.dbId = MyDatabaseId;
-	LockRelationIdForSession(&lockid, ShareUpdateExclusiveLock);
+	/* An early raise gives way to one under way (its raiser covers us). */
+	SET_LOCKTAG_RELATION(tag, lockid.dbId, lockid.relId);
+	if (LockAcquire(&tag, ShareUpdateExclusiveLock, true, !wait) == LOCKACQUIRE_NOT_AVAIL)
+		return;
 	PG_TRY();
 	{
 		TimestampTz current;
@@ -392,8 +404,12 @@ clock_next(bool hold)
 		stamp = Max(now, slot->last + 1);
 		if (stamp <= slot->bound)
 		{
+			bool		early = slot->bound - stamp < BOUND_EARLY;
+
 			slot->last = stamp;
 			LWLockRelease(&clock_shared->lock);
+			if (early && IS_VALID_TIMESTAMP(stamp + BOUND_AHEAD))
+				clock_raise_bound(slot, stamp + BOUND_EARLY, stamp + BOUND_AHEAD, false);
 			return stamp;
 		}
 		LWLockRelease(&clock_shared->lock);
@@ -404,7 +420,7 @@ clock_next(bool hold)
 					 errmsg("the status_history clock has reached the end of the timestamp range"),
 					 errdetail("A stamp was imported close to the largest timestamp PostgreSQL can store."),
 					 errhint("Import stamps no later than the present.")));
-		clock_raise_bound(slot, stamp, stamp + BOUND_AHEAD);
+		clock_raise_bound(slot, stamp, stamp + BOUND_AHEAD, true);
 	}
 }
 
@@ -443,7 +459,7 @@ sh_clock_observe(TimestampTz stamp)
 		 * At least a second past the present, as a stamp would: an import of
 		 * old history then raises the bound (a WAL flush) once, not per row.
 		 */
-		clock_raise_bound(slot, stamp, Max(stamp, GetCurrentTimestamp()) + BOUND_AHEAD);
+		clock_raise_bound(slot, stamp, Max(stamp, GetCurrentTimestamp()) + BOUND_AHEAD, true);
 	}
 }
 

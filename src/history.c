@@ -501,6 +501,7 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 	if (sh_lease_in_expire())
 	{
 		sh_state_catch_up(obj);
+		complete = true;
 		stale = decide_stale(obj, values, nulls, cols, imported, generation, floor, status, stamp);
 		if (stale || nulls[AT(cols->reported_at)] ||
 			!sh_lease_still_due(obj, sh_state_key(obj, replica),
@@ -508,18 +509,18 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 			return PointerGetDatum(NULL);
 	}
 
-	if (deduplicate && !imported && !sh_fence_in_reconnect() && sh_state_repeats_allowed(obj))
+	/*
+	 * Rows left unfolded (not complete) make the report no repeat: the
+	 * newest of them, not stale and of another status, is the object's
+	 * current report once stored (sh_state_catch_up_for), and a report that
+	 * is not stale repeats only the object's current report.  Looking at the
+	 * folded rows would find a repeat of an older row and cost a scan to
+	 * undo it (a bulk statement cycling through statuses: one an object).
+	 */
+	if (deduplicate && complete && !imported && !sh_fence_in_reconnect() && sh_state_repeats_allowed(obj))
 	{
 		HeapTuple	repeated = repeat_of(rel, obj, sh_state_key(obj, replica), values, nulls, cols, stale);
 
-		/* Found to repeat a row that unfolded rows may have followed: fold them, decide again. */
-		if (repeated != NULL && !complete)
-		{
-			heap_freetuple(repeated);
-			sh_state_catch_up(obj);
-			stale = decide_stale(obj, values, nulls, cols, imported, generation, floor, status, stamp);
-			repeated = repeat_of(rel, obj, sh_state_key(obj, replica), values, nulls, cols, stale);
-		}
 		if (repeated != NULL)
 		{
 			ShKey	   *key = sh_state_key(obj, replica);
