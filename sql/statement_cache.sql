@@ -103,13 +103,15 @@ SELECT state_mismatches() AS after_eviction;
 SELECT count(*) AS restamped FROM status_history.reconnect(7);
 SELECT count(*) FILTER (WHERE fence = 7) = count(*) AS all_fenced FROM status_history.objects;
 SELECT state_mismatches() AS after_small_reconnect;
--- More objects in one statement than the cache holds (issue 21): each waits
--- for its AFTER event, so none can be dropped, and the cache is shrunk again
--- only once its entries have doubled -- not at every new object, which made
--- a bulk INSERT or reconnect() over more objects than the cache quadratic
--- (54 s for 600 000 objects).  reconnect() over more objects than the cache
--- locks them all, then does them in parts of half the cache, dropping each
--- part's states after it.  (Each shrink says what it dropped at DEBUG1.)
+-- More objects in one statement than the cache holds (issue 21): each row is
+-- folded as it is stored, so every state but those still in use can be
+-- written back and dropped: the cache stays at its size (a COPY of millions
+-- of objects too).  When entries cannot be dropped, it is shrunk again only
+-- once they have doubled -- not at every new object, which made a bulk
+-- INSERT or reconnect() over more objects than the cache quadratic (54 s for
+-- 600 000 objects).  reconnect() over more objects than the cache locks them
+-- all, then does them in parts of half the cache, dropping each part's
+-- states after it.  (Each shrink says what it dropped at DEBUG1.)
 SET status_history.cache_max_objects = 10;
 SET client_min_messages = debug1;
 INSERT INTO status_history.history (object_id, status, generation)

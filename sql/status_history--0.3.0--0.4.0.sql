@@ -153,9 +153,9 @@ $$;
 
 
 -- @@ stored rows decide (the write path)
--- The per-object state is folded from each row as stored (an AFTER ROW
--- trigger) instead of being written back after each statement from what the
--- insert trigger saw.  The state itself is unchanged.
+-- The per-object state is folded from each row as stored (the WHEN of an
+-- AFTER ROW trigger) instead of being written back after each statement from
+-- what the insert trigger saw.  The state itself is unchanged.
 DROP TRIGGER history_statement_end ON status_history.history;
 DROP FUNCTION status_history.history_statement_trigger();
 CREATE FUNCTION status_history.history_fold_trigger()
@@ -164,15 +164,32 @@ AS 'MODULE_PATHNAME', 'status_history_fold_trigger'
 LANGUAGE C;
 
 COMMENT ON FUNCTION status_history.history_fold_trigger() IS
-    'Folds each stored report into its object''s state, and writes the state back once no stored report of the object waits to be folded.';
+    'Never fires: the WHEN of its trigger, history_stored(), folds each row as it is stored and is false.';
+
+-- The WHEN of history_fold: PostgreSQL evaluates it as it stores each row,
+-- with the stored tuple, and queues no event when it is false -- so the
+-- state is folded from each row as stored, and a COPY of millions of rows
+-- queues nothing in memory.  Run as the inserting role: executable by all
+-- (it folds only rows the caller's own transaction stored).
+CREATE FUNCTION status_history.history_stored(tid)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'status_history_history_stored'
+LANGUAGE C STRICT;
+
+COMMENT ON FUNCTION status_history.history_stored(tid) IS
+    'The WHEN of the history_fold trigger: folds the row just stored at the TID into its object''s state (written back at the end of the statement), hands report()''s rows back to it, and is false (no event is queued).';
 CREATE TRIGGER history_fold
     AFTER INSERT ON status_history.history
-    FOR EACH ROW EXECUTE FUNCTION status_history.history_fold_trigger();
+    FOR EACH ROW WHEN (status_history.history_stored(NEW.ctid))
+    EXECUTE FUNCTION status_history.history_fold_trigger();
 ALTER TABLE status_history.history ENABLE ALWAYS TRIGGER history_fold;
 COMMENT ON FUNCTION status_history.history_insert_trigger() IS
     'Validates a report, serializes it per object, stamps it, and decides from stored reports whether it is stale (fenced) or a repeat.';
--- Not for PUBLIC, as every function of a fresh install but the granted ones.
+-- Not for PUBLIC, as every function of a fresh install but the granted ones;
+-- history_stored() is one of those (the inserting role runs it).
 REVOKE ALL ON FUNCTION status_history.history_fold_trigger() FROM PUBLIC;
+REVOKE ALL ON FUNCTION status_history.history_stored(tid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION status_history.history_stored(tid) TO PUBLIC;
 
 -- @@ rows refused one by one too (logical replication applies rows with row triggers only)
 CREATE TRIGGER history_refuse_row
@@ -229,7 +246,8 @@ DECLARE
         ' status_history.report(text, text, text, jsonb, text, bigint, timestamptz, interval),'
         ' status_history.report_many(text[], text[], text[], jsonb[], text[], bigint[], timestamptz[], interval[]),'
         ' status_history.lapse_error(text, timestamptz),'
-        ' status_history.stable_horizon(), status_history.changes(timestamptz, integer, boolean)';
+        ' status_history.stable_horizon(), status_history.changes(timestamptz, integer, boolean),'
+        ' status_history.history_stored(tid)';
     controller_functions CONSTANT text := 'status_history.reconnect(bigint, text, text[]),'
         ' status_history.retire_replica(text, bigint), status_history.expire(integer)';
     admin_functions CONSTANT text := 'status_history.prune(integer, interval), status_history.expire(integer)';

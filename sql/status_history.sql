@@ -233,7 +233,20 @@ AS 'MODULE_PATHNAME', 'status_history_fold_trigger'
 LANGUAGE C;
 
 COMMENT ON FUNCTION status_history.history_fold_trigger() IS
-    'Folds each stored report into its object''s state, and writes the state back once no stored report of the object waits to be folded.';
+    'Never fires: the WHEN of its trigger, history_stored(), folds each row as it is stored and is false.';
+
+-- The WHEN of history_fold: PostgreSQL evaluates it as it stores each row,
+-- with the stored tuple, and queues no event when it is false -- so the
+-- state is folded from each row as stored, and a COPY of millions of rows
+-- queues nothing in memory.  Run as the inserting role: executable by all
+-- (it folds only rows the caller's own transaction stored).
+CREATE FUNCTION status_history.history_stored(tid)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'status_history_history_stored'
+LANGUAGE C STRICT;
+
+COMMENT ON FUNCTION status_history.history_stored(tid) IS
+    'The WHEN of the history_fold trigger: folds the row just stored at the TID into its object''s state (written back at the end of the statement), hands report()''s rows back to it, and is false (no event is queued).';
 
 CREATE FUNCTION status_history.objects_guard()
 RETURNS trigger
@@ -256,7 +269,8 @@ CREATE TRIGGER history_insert
     FOR EACH ROW EXECUTE FUNCTION status_history.history_insert_trigger();
 CREATE TRIGGER history_fold
     AFTER INSERT ON status_history.history
-    FOR EACH ROW EXECUTE FUNCTION status_history.history_fold_trigger();
+    FOR EACH ROW WHEN (status_history.history_stored(NEW.ctid))
+    EXECUTE FUNCTION status_history.history_fold_trigger();
 CREATE TRIGGER history_refuse_change
     BEFORE UPDATE OR DELETE OR TRUNCATE ON status_history.history
     FOR EACH STATEMENT EXECUTE FUNCTION status_history.history_refuse_change();
@@ -837,7 +851,8 @@ DECLARE
         ' status_history.report(text, text, text, jsonb, text, bigint, timestamptz, interval),'
         ' status_history.report_many(text[], text[], text[], jsonb[], text[], bigint[], timestamptz[], interval[]),'
         ' status_history.lapse_error(text, timestamptz),'
-        ' status_history.stable_horizon(), status_history.changes(timestamptz, integer, boolean)';
+        ' status_history.stable_horizon(), status_history.changes(timestamptz, integer, boolean),'
+        ' status_history.history_stored(tid)';
     controller_functions CONSTANT text := 'status_history.reconnect(bigint, text, text[]),'
         ' status_history.retire_replica(text, bigint), status_history.expire(integer)';
     admin_functions CONSTANT text := 'status_history.prune(integer, interval), status_history.expire(integer)';

@@ -403,8 +403,8 @@ VALUES ('sp1', 'running', 'r1', 9), ('sp1', 'dropped', 'r1', 9), ('sp1', 'runnin
 SELECT object_id, status, replica_id, stale FROM status_history.history
  WHERE object_id LIKE 'sp_' ORDER BY occurred_at;
 SELECT object_id, status, replica_id FROM status_history.statuses WHERE object_id LIKE 'sp_' ORDER BY 1;
--- A later trigger turning such a row into a dropped report after the one
--- after it was decided not stale: refused, nothing stored.
+-- A later trigger turning a row into a dropped report: the row after it is
+-- decided once that row is stored and folded (as dropped), so it is stale.
 CREATE FUNCTION public.drop_it() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN IF NEW.error = 'drop it' THEN NEW.status := 'dropped'; END IF; RETURN NEW; END $$;
 CREATE TRIGGER zz_drop_it BEFORE INSERT ON status_history.history
@@ -415,7 +415,7 @@ VALUES ('sp4', 'running', 'drop it', 9), ('sp4', 'stalled', NULL, 9);
 \set VERBOSITY default
 DROP TRIGGER zz_drop_it ON status_history.history;
 DROP FUNCTION public.drop_it();
-SELECT count(*) AS sp4_rows FROM status_history.history WHERE object_id = 'sp4';
+SELECT status, stale FROM status_history.history WHERE object_id = 'sp4' ORDER BY occurred_at;
 SELECT state_mismatches() AS after_undecided_rows;
 
 -- Reports in one statement as separate statements would decide them: the
@@ -479,6 +479,21 @@ ALTER TABLE status_history.history DROP COLUMN note;   -- (latest() has no note 
 SELECT state_mismatches() AS in_rewritten_history;
 ROLLBACK;
 SELECT state_mismatches() AS after_rewrite;
+
+-- history_stored(), the fold trigger's WHEN, called by hand: it folds only a
+-- row this transaction stored (39P01 else), and one folded already refuses
+-- the statement (27000) and changes nothing.
+\set VERBOSITY sqlstate
+SELECT status_history.history_stored('(0,1)');
+SELECT status_history.history_stored('(4294967295,1)');
+BEGIN;
+SELECT status FROM status_history.report('hs', 'running', replica_id => 'r1', generation => 9);
+SELECT status_history.history_stored(ctid) FROM status_history.history WHERE object_id = 'hs';
+ROLLBACK;
+\set VERBOSITY default
+SELECT status FROM status_history.report('hs', 'stalled', replica_id => 'r1', generation => 9);
+SELECT status, stale FROM status_history.history WHERE object_id = 'hs' ORDER BY occurred_at;
+SELECT state_mismatches() AS after_history_stored_by_hand;
 
 REVOKE ALL ON status_history.history FROM sh_wp_reporter;
 DROP FUNCTION public.policy_report(text);

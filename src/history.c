@@ -9,9 +9,10 @@
  *       from stored rows and the locked row only, whether the report is
  *       stale (below a fence or floor, after dropped) or a repeat (no row:
  *       the key's last_seen_at moves instead, written at once).
- *   AFTER ROW (history_fold)  gets the row as PostgreSQL stored it: it is
- *       folded into the object's state (state.c), which is written back once
- *       no folded row of the object waits for its event any more.
+ *   WHEN of AFTER ROW (history_fold: history_stored())  gets the row as
+ *       PostgreSQL stores it: it is folded into the object's state
+ *       (state.c), written back at the end of the statement, and handed
+ *       to report() if it is one of its rows; no event is queued.
  * Only the table's owner may supply occurred_at (import and restore); the
  * clock then continues above it.  Another trigger refuses UPDATE, DELETE
  * and TRUNCATE (all but prune()'s own DELETE, see prune.c).
@@ -47,11 +48,14 @@
 #include "utils/tuplestore.h"
 #include "replication/logicalworker.h"
 #include "storage/proc.h"
+#include "utils/fmgrprotos.h"
+#include "storage/itemptr.h"
 
 #include "status_history.h"
 
 PG_FUNCTION_INFO_V1(status_history_insert_trigger);
 PG_FUNCTION_INFO_V1(status_history_fold_trigger);
+PG_FUNCTION_INFO_V1(status_history_history_stored);
 PG_FUNCTION_INFO_V1(status_history_refuse_change);
 
 /* The statuses a report may carry; questions.c counts time per status by index. */
@@ -543,7 +547,53 @@ status_history_insert_trigger(PG_FUNCTION_ARGS)
 	return PointerGetDatum(heap_form_tuple(desc, values, nulls));
 }
 
-/* SQL: AFTER INSERT FOR EACH ROW on status_history.history: fold the stored row */
+/*
+ * SQL: status_history.history_stored(tid), the WHEN of the AFTER INSERT FOR
+ * EACH ROW trigger history_fold.  PostgreSQL evaluates an AFTER trigger's
+ * WHEN as it stores the row (queuing an event only when it is true), for
+ * stored rows only, with the stored tuple, inside the statement's
+ * (sub)transaction -- COPY and logical replication's apply included.  So
+ * the row is folded here, as stored, and no event is queued: a statement's
+ * memory does not grow with its rows.  The rows of report()'s and
+ * report_many()'s own INSERT are handed back to them here too (report.c).
+ * Always false.
+ *
+ * Anyone who may insert may call it: it folds only a row its own
+ * transaction stored (found at tid), which is folded anyway; called on one
+ * already folded, it refuses the call's statement (27000) or, for an
+ * importer, folds the object's past again.
+ */
+Datum
+status_history_history_stored(PG_FUNCTION_ARGS)
+{
+	ItemPointer tid = (ItemPointer) PG_GETARG_POINTER(0);
+	Relation	rel;
+	TupleTableSlot *slot;
+	HeapTuple	tuple;
+	bool		found;
+	bool		isnull;
+
+	sh_check_version();
+	rel = table_open(sh_relation_oid("history"), AccessShareLock);
+	slot = table_slot_create(rel, NULL);
+	found = table_tuple_fetch_row_version(rel, tid, SnapshotSelf, slot);
+	tuple = found ? ExecFetchSlotHeapTuple(slot, false, NULL) : NULL;
+	if (tuple == NULL || !TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetXmin(tuple->t_data)))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("history_stored: no row stored by this transaction at %s",
+						DatumGetCString(DirectFunctionCall1(tidout, PointerGetDatum(tid)))),
+				 errdetail("It is the WHEN condition of the history_fold trigger on status_history.history."),
+				 errhint("Do not call it yourself.")));
+	sh_state_stored(slot);
+	sh_capture_stored(tuple, DatumGetTimestampTz(slot_getattr(slot, sh_history_cols(RelationGetDescr(rel))->occurred_at,
+															  &isnull)));
+	ExecDropSingleTupleTableSlot(slot);
+	table_close(rel, AccessShareLock);
+	PG_RETURN_BOOL(false);
+}
+
+/* SQL: AFTER INSERT FOR EACH ROW on status_history.history: never fires (its WHEN, history_stored(), folds each row and is false) */
 Datum
 status_history_fold_trigger(PG_FUNCTION_ARGS)
 {
@@ -559,8 +609,6 @@ status_history_fold_trigger(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
 				 errmsg("history_fold_trigger: must be fired after insert for each row")));
-	sh_state_after_row(trigdata->tg_trigtuple, RelationGetDescr(trigdata->tg_relation));
-	sh_capture_stored(trigdata, sh_history_cols(RelationGetDescr(trigdata->tg_relation)));
 	return PointerGetDatum(NULL);
 }
 

@@ -33,7 +33,8 @@ sh_key_append(ShObject *obj, MemoryContext cxt)
 {
 	if (obj->nkeys == obj->maxkeys)
 	{
-		obj->maxkeys = Max(4, obj->maxkeys * 2);
+		/* From one: most objects have one key, and a long COPY keeps many states. */
+		obj->maxkeys = Max(1, obj->maxkeys * 2);
 		obj->keys = obj->keys == NULL ?
 			MemoryContextAlloc(cxt, obj->maxkeys * sizeof(ShKey)) :
 			repalloc(obj->keys, obj->maxkeys * sizeof(ShKey));

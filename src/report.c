@@ -106,24 +106,25 @@ sh_capture_before(TriggerData *td, TimestampTz stamp, HeapTuple repeated)
 	MemoryContextSwitchTo(old);
 }
 
-/* A stored row of the capturing INSERT. */
+/*
+ * A row just stored (the fold trigger's WHEN, which PostgreSQL evaluates
+ * one trigger level above the trigger's own calls): keep it if it is a row
+ * of the capturing INSERT -- its command id, at its depth.  Which INSERT's
+ * trigger array it belongs to is not known here; the insert trigger's
+ * outcome with the same stamp tells (execute_capturing()).
+ */
 void
-sh_capture_stored(TriggerData *td, const ShHistoryCols *cols)
+sh_capture_stored(HeapTuple tuple, TimestampTz stamp)
 {
-	HeapTuple	tuple = td->tg_trigtuple;
 	MemoryContext old;
 	Captured   *c;
-	bool		isnull;
 
-	if (capture == NULL || trigger_depth() != capture->depth ||
-		!TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetXmin(tuple->t_data)) ||
+	if (capture == NULL || trigger_depth() + 1 != capture->depth ||
 		HeapTupleHeaderGetCmin(tuple->t_data) != capture->cid)
 		return;
 	old = MemoryContextSwitchTo(capture->cxt);
 	c = palloc0(sizeof(Captured));
-	c->query = query_of(td);
-	c->stamp = DatumGetTimestampTz(heap_getattr(tuple, cols->occurred_at,
-												RelationGetDescr(td->tg_relation), &isnull));
+	c->stamp = stamp;
 	c->tuple = heap_copytuple(tuple);
 	capture->stored = lappend(capture->stored, c);
 	MemoryContextSwitchTo(old);
@@ -164,8 +165,16 @@ execute_capturing(SPIPlanPtr plan, Datum *args, const char *nulls,
 	if (ret != SPI_OK_INSERT)
 		elog(ERROR, "status_history: inserting reports failed: %s", SPI_result_code_string(ret));
 
-	/* The INSERT's own trigger array is the one its stored rows name. */
-	query = mine.stored != NIL ? ((Captured *) linitial(mine.stored))->query : NULL;
+	/* The INSERT's own trigger array: the one its first stored row was let go by. */
+	query = NULL;
+	if (mine.stored != NIL)
+	{
+		TimestampTz first = ((Captured *) linitial(mine.stored))->stamp;
+
+		foreach(lc, mine.before)
+			if (!((Captured *) lfirst(lc))->repeat && ((Captured *) lfirst(lc))->stamp == first)
+				query = ((Captured *) lfirst(lc))->query;
+	}
 	foreach(lc, mine.before)
 	{
 		Captured   *b = (Captured *) lfirst(lc);

@@ -18,15 +18,18 @@
  *              catches up before it decides anything about a new row, so it
  *              decides from stored rows only; nobody else can add rows of the
  *              object meanwhile, we hold its lock.
- *   AFTER ROW  PostgreSQL queues the event only for a row it stored, with
- *              the stored tuple, inside the statement's (sub)transaction, also
- *              when an executor stops early.  The AFTER trigger catches up (the
- *              row is folded by then) and crosses the row off the object's
- *              waiting list (folded rows whose event has not come).  When the
- *              list is empty, the state is written back: one row version per
- *              object per statement.
+ *   as stored  PostgreSQL evaluates the WHEN of an AFTER ROW trigger as it
+ *              stores a row, only for a row it stored, with the stored
+ *              tuple, inside the statement's (sub)transaction, row by row
+ *              (an executor stopped early has evaluated it for every row it
+ *              stored).  history_stored() there catches up (the row is
+ *              folded by then), crosses the row off the object's waiting
+ *              list (rows a catch-up folded before their own fold came), and
+ *              queues no event.  The objects folded are written back at the
+ *              end of the statement (sh_state_flush()): one row version per
+ *              object per statement, and no memory per row.
  *
- * A row whose AFTER event finds it not folded was stored below last_at:
+ * A row whose fold finds it not folded was stored below last_at:
  * after rows with later stamps had been folded.  An import into the past
  * does that; so does a report made while another row of the same object was
  * in flight (from one of its triggers or constraints: the inner report is
@@ -43,8 +46,12 @@
  * takes its rows, row locks and writes with it: every entry it read or
  * changed is marked to be read again when next needed (what an entry holds
  * beyond its rows is derivable from stored rows, or was written at once).
- * What is not -- which folded rows' AFTER events are due, and which came --
- * is kept across a read again, less the rows the abort took (by their xmin).
+ * What is not -- which folded rows' folds are due, and which came, and the
+ * newest stamp handed over (so that folds not written back yet are caught
+ * up again by a scan) -- is kept across a read again, less the rows the
+ * abort took (by their xmin).  A flush writes only what was first folded in
+ * its own subtransaction (or one it took over): an older fold written there
+ * would be lost with it.
  * Past status_history.cache_max_objects entries, entries no event is due for
  * are written back and dropped, but never while one is being written; when
  * most entries cannot be dropped, not again before their number has doubled
@@ -57,6 +64,7 @@
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
+#include "executor/executor.h"
 #include "utils/builtins.h"
 #include "utils/datum.h"
 #include "utils/fmgroids.h"
@@ -91,6 +99,16 @@ static SubTransactionId newest_touch = InvalidSubTransactionId;
  * visited, at the price of keeping up to twice as many entries as must be.
  */
 static long shrink_at = 0;
+
+/*
+ * Entries folded since they were last written back, to be written at the
+ * end of the statement (sh_state_flush()): once per object per statement,
+ * however many of its rows the statement stored.  May hold an entry twice,
+ * or one dropped since (its memory reused): its pending flag decides.
+ */
+static List *pending = NIL;
+
+static ExecutorFinish_hook_type next_executor_finish = NULL;
 
 /* obj is read or changed in the current subtransaction: its abort must undo that. */
 static void
@@ -136,6 +154,7 @@ state_discard(void)
 		MemoryContextDelete(state_cxt);
 	state_cxt = NULL;
 	objects = NULL;
+	pending = NIL;
 	newest_touch = InvalidSubTransactionId;
 	shrink_at = 0;
 }
@@ -184,14 +203,40 @@ state_shrink(void)
 			sh_waiting_forget_aborted(obj);
 		if (sh_waiting_any(obj) || obj->handed > 0)
 			continue;
+		/* Folded before this subtransaction, or to be read again: left to a flush. */
+		if (obj->pending && (!obj->valid || obj->pending_since < GetCurrentSubTransactionId()))
+			continue;
 		if (obj->valid)
 			write_back(obj, NULL);
+		obj->pending = false;
 		if (obj->keys != NULL)
 			pfree(obj->keys);
 		if (obj->waiting != NULL)
 			pfree(obj->waiting);
 		hash_search(objects, &id, HASH_REMOVE, NULL);
 		pfree(id);
+	}
+	/* The pending list keeps what is still pending (a long COPY has no flush to empty it). */
+	{
+		List	   *kept = NIL;
+		ListCell   *lc;
+		MemoryContext old = MemoryContextSwitchTo(state_cxt);
+
+		foreach(lc, pending)
+		{
+			ShObject   *p = (ShObject *) lfirst(lc);
+
+			if (p->pending)
+			{
+				p->pending = false; /* (once, should it be listed twice) */
+				kept = lappend(kept, p);
+			}
+		}
+		MemoryContextSwitchTo(old);
+		list_free(pending);
+		pending = kept;
+		foreach(lc, pending)
+			((ShObject *) lfirst(lc))->pending = true;
 	}
 	shrink_at = Max((long) cache_max_objects, 2 * hash_get_num_entries(objects));
 	elog(DEBUG1, "status_history: %ld of %ld cached object states dropped, next at %ld",
@@ -257,15 +302,17 @@ sh_state_lock(Datum object_id)
 	fresh.handed_at = SH_NO_STAMP;
 	/*
 	 * Read for the first time in this transaction (or since it was dropped),
-	 * nothing of the object can be waiting for its AFTER event, or handed
+	 * nothing of the object can be waiting for its fold, or handed
 	 * over and not folded (every row locked it first).  Read again, it may:
-	 * its rows folded while events were due stay known (but for an aborted
+	 * its rows folded while folds were due stay known (but for an aborted
 	 * subtransaction's), and rows handed over are looked for by a scan.  (Its
 	 * other old memory goes with the transaction: a caller up the stack may
 	 * still point at it.)
 	 */
 	if (again)
 	{
+		fresh.pending = obj->pending;
+		fresh.pending_since = obj->pending_since;
 		sh_waiting_forget_aborted(obj);
 		fresh.waiting = obj->waiting;
 		fresh.nwaiting = obj->nwaiting;
@@ -358,7 +405,7 @@ sh_state_stale(const ShObject *obj, int64 generation, int64 floor,
 
 /*
  * Fold one stored row, newer than every row folded so far, into obj.  Unless
- * its own AFTER event is what folds it (event), it waits for that event.
+ * its own fold as stored is what folds it (event), it waits for that.
  */
 static void
 fold(ShObject *obj, TupleTableSlot *slot, bool event)
@@ -418,9 +465,9 @@ fold(ShObject *obj, TupleTableSlot *slot, bool event)
 /*
  * Fold every stored row of obj above last_at, oldest first.  Only rows the
  * insert trigger handed over can have been stored since (nobody else adds
- * rows of a locked object): none, nothing to do; one, it is the AFTER
- * event's row or is found by its stamp; more, a scan of the object's index.
- * event: the AFTER event's stored row (it does not wait for its event), or
+ * rows of a locked object): none, nothing to do; one, it is the row being
+ * folded as stored or is found by its stamp; more, a scan of the object's
+ * index.  event: the row being folded as stored (it does not wait), or
  * NULL.  True when that row was folded now.
  */
 static bool
@@ -588,20 +635,20 @@ refold_past(ShObject *obj, TupleTableSlot *slot)
 }
 
 /*
- * SQL's AFTER INSERT FOR EACH ROW on the history (history.c): the stored row
- * tuple has arrived.  Cross it off the rows waiting for their events (it is
- * folded by now), and write the object back when none waits any more.
+ * The insert trigger's row as PostgreSQL stored it (history.c: the WHEN of
+ * the AFTER ROW trigger, evaluated as the row is stored, with the stored
+ * tuple).  Fold it -- a catch-up does, or did -- cross it off the rows
+ * waiting to be stored, and once none waits, queue the object to be written
+ * back at the end of the statement.
  */
 void
-sh_state_after_row(HeapTuple tuple, TupleDesc desc)
+sh_state_stored(TupleTableSlot *slot)
 {
-	const ShHistoryCols *c = sh_history_cols(desc);
-	TupleTableSlot *slot = MakeSingleTupleTableSlot(desc, &TTSOpsHeapTuple);
+	const ShHistoryCols *c = sh_history_cols(slot->tts_tupleDescriptor);
 	ShObject   *obj;
 	TimestampTz stamp;
 	bool		isnull;
 
-	ExecStoreHeapTuple(tuple, slot, false);
 	stamp = DatumGetTimestampTz(slot_getattr(slot, c->occurred_at, &isnull));
 	obj = sh_state_lock(slot_getattr(slot, c->object_id, &isnull));
 	if (!catch_up(obj, slot) && !sh_waiting_came(obj, stamp))
@@ -616,10 +663,59 @@ sh_state_after_row(HeapTuple tuple, TupleDesc desc)
 	}
 	if (!sh_waiting_any(obj))
 	{
-		write_back(obj, slot);
 		sh_waiting_settled(obj);
+		if (!obj->pending)
+		{
+			MemoryContext old = MemoryContextSwitchTo(state_cxt);
+
+			pending = lappend(pending, obj);
+			MemoryContextSwitchTo(old);
+			obj->pending = true;
+			obj->pending_since = GetCurrentSubTransactionId();
+		}
 	}
-	ExecDropSingleTupleTableSlot(slot);
+}
+
+/*
+ * The end of a statement that stored rows (the executor's finish, the end
+ * of a COPY), or before SQL reads the state tables: write back the objects
+ * folded since.  Only those first folded in this subtransaction or in one it
+ * took over: a write here of a fold made before would go if this
+ * subtransaction aborts (the fold would not: its row stays).  An entry an
+ * aborted subtransaction invalidated is read again and caught up first.
+ */
+void
+sh_state_flush(void)
+{
+	SubTransactionId here = GetCurrentSubTransactionId();
+	List	   *later = NIL;
+
+	state_check_table();
+	if (objects == NULL || pending == NIL || being_written != NULL || sh_own_write())
+		return;
+	/* By index, the list kept until done: an error leaves the rest for the next flush. */
+	for (int i = 0; i < list_length(pending); i++)
+	{
+		ShObject   *obj = (ShObject *) list_nth(pending, i);
+
+		if (!obj->pending)
+			continue;
+		if (obj->pending_since < here)
+		{
+			MemoryContext old = MemoryContextSwitchTo(state_cxt);
+
+			later = lappend(later, obj);
+			MemoryContextSwitchTo(old);
+			continue;
+		}
+		if (!obj->valid)
+			obj = sh_state_lock(PointerGetDatum(obj->id));
+		sh_state_catch_up(obj);
+		write_back(obj, NULL);
+		obj->pending = false;
+	}
+	list_free(pending);
+	pending = later;
 }
 
 /*
@@ -655,8 +751,8 @@ sh_state_seen(ShObject *obj, ShKey *key, TimestampTz seen, int64 lease)
 /*
  * Write back every entry that differs from its rows: before SQL reads the
  * state tables (reconnect(), retire_replica(), prune()), and at commit
- * (where nothing is normally left to write: the last AFTER event of each
- * statement wrote its objects).
+ * (where nothing is normally left to write: each statement's end wrote its
+ * objects).
  */
 void
 sh_state_settle(void)
@@ -667,6 +763,7 @@ sh_state_settle(void)
 	state_check_table();
 	if (objects == NULL || sh_own_write())
 		return;
+	sh_state_flush();
 	hash_seq_init(&seq, objects);
 	while ((obj = hash_seq_search(&seq)) != NULL)
 		if (obj->valid)
@@ -720,6 +817,7 @@ state_xact_callback(XactEvent event, void *arg)
 			/* The memory is gone with the transaction. */
 			state_cxt = NULL;
 			objects = NULL;
+			pending = NIL;
 			sh_imports_reset();
 			being_written = NULL;
 			newest_touch = InvalidSubTransactionId;
@@ -751,10 +849,35 @@ state_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 		{
 			if (obj->touched >= mySubid)
 				obj->valid = false;
+			/* Only its folds are gone: nothing to write (and its row may be gone too). */
+			if (obj->pending && obj->pending_since >= mySubid)
+				obj->pending = false;
 			if (obj->fence_unwritten && obj->fence_raised_in >= mySubid)
 				obj->fence_unwritten = false;	/* (the fence read again is the table's) */
 		}
 	}
+}
+
+/*
+ * The end of a statement that may have stored rows: write back what it
+ * folded, before its AFTER triggers run (they see the state as their rows
+ * made it) and again after them (rows of a data-modifying WITH the query
+ * did not read are stored then, and the triggers may have reported).
+ */
+static void
+state_executor_finish(QueryDesc *queryDesc)
+{
+	bool		writes = queryDesc->plannedstmt->commandType != CMD_SELECT ||
+		queryDesc->plannedstmt->hasModifyingCTE;
+
+	if (writes)
+		sh_state_flush();
+	if (next_executor_finish)
+		next_executor_finish(queryDesc);
+	else
+		standard_ExecutorFinish(queryDesc);
+	if (writes)
+		sh_state_flush();
 }
 
 static void
@@ -776,4 +899,6 @@ sh_state_init(void)
 	RegisterXactCallback(state_xact_callback, NULL);
 	RegisterSubXactCallback(state_subxact_callback, NULL);
 	CacheRegisterRelcacheCallback(state_relcache_callback, (Datum) 0);
+	next_executor_finish = ExecutorFinish_hook;
+	ExecutorFinish_hook = state_executor_finish;
 }

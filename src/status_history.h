@@ -164,6 +164,8 @@ typedef struct ShObject
 	ShKey	   *keys;
 	bool		valid;			/* false: read it again before use */
 	SubTransactionId touched;	/* newest subtransaction that read or changed it */
+	bool		pending;		/* folded since written back: to write at the statement's end */
+	SubTransactionId pending_since; /* the subtransaction of the first such fold */
 } ShObject;
 
 /* A folded row, and whether its AFTER event came (state.c). */
@@ -252,7 +254,8 @@ extern bool sh_state_stale(const ShObject *obj, int64 generation, int64 floor,
 extern void sh_state_note_import(ShObject *obj, bool past);
 extern bool sh_state_repeats_allowed(ShObject *obj);
 extern void sh_state_seen(ShObject *obj, ShKey *key, TimestampTz seen, int64 lease);
-extern void sh_state_after_row(HeapTuple tuple, TupleDesc desc);
+extern void sh_state_stored(TupleTableSlot *slot);
+extern void sh_state_flush(void);
 extern void sh_state_settle(void);
 extern void sh_state_invalidate(void);
 extern int	sh_execute_own(SPIPlanPtr plan, Datum *args, const char *nulls);
@@ -304,7 +307,7 @@ extern void sh_history_init(void);
 
 /* report.c */
 extern void sh_capture_before(TriggerData *td, TimestampTz stamp, HeapTuple repeated);
-extern void sh_capture_stored(TriggerData *td, const ShHistoryCols *cols);
+extern void sh_capture_stored(HeapTuple tuple, TimestampTz stamp);
 
 /* latest.c */
 extern void sh_put_history_rows(ReturnSetInfo *rsinfo, SPIPlanPtr plan, Datum *args);

@@ -13,10 +13,12 @@
  *
  * And the kept writers (rowwrite.c) hold the state tables open: they are
  * closed before any utility command, so that DROP, ALTER or TRUNCATE of a
- * table does not find it open in this session.
+ * table does not find it open in this session -- after the states folded
+ * and not written yet are written (state.c); a COPY's, after it.
  */
 #include "postgres.h"
 
+#include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_class.h"
 #include "commands/extension.h"
@@ -144,9 +146,14 @@ sh_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree,
 				check_owner(stmt, schema);
 		}
 	}
+	/* What the last statement folded is written first; the writers are closed. */
+	sh_state_flush();
 	sh_rowwriter_release();
 	(next_utility ? next_utility : standard_ProcessUtility) (pstmt, queryString, readOnlyTree,
 															 context, params, queryEnv, dest, qc);
+	/* A COPY's rows, folded as stored (it runs no executor finish). */
+	if (IsA(stmt, CopyStmt) && IsTransactionState())
+		sh_state_flush();
 }
 
 void

@@ -1,9 +1,12 @@
 /*
- * waiting.c — an object's folded rows whose AFTER events are still due
- * (state.c folds rows as a catch-up finds them; each row's own event then
- * crosses it off), kept in stamp order with the (sub)transaction that
- * stored each.  The object is written back once none is due; a state read
- * again keeps the list, less the rows an aborted subtransaction took.
+ * waiting.c — an object's rows a catch-up folded before their own fold
+ * (history_stored(), as each row is stored) came: state.c folds rows as a
+ * catch-up finds them, and each row's own fold then crosses it off.  Kept
+ * in stamp order with the (sub)transaction that stored each; rare, since a
+ * row is normally folded as it is stored (a report nested in another's
+ * trigger, a state read again).  The object is queued for its write-back
+ * once none is due; a state read again keeps the list, less the rows an
+ * aborted subtransaction took.
  * Allocated with the state's entries (the memory of the object's id).
  */
 #include "postgres.h"

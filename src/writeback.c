@@ -339,7 +339,7 @@ upsert_key_row(text *object_id, ShKey *k)
 
 /*
  * Write back what of obj differs from its rows: its objects row and its
- * keys' rows.  row: a stored history row in hand (the AFTER event's), or
+ * keys' rows.  row: a stored history row in hand, or
  * NULL.  A key with no row in the history (all pruned) is left as it is.
  */
 void

@@ -154,17 +154,18 @@ SELECT is_empty(
          AND col_description(c.oid, a.attnum) IS NULL$$,
     'every column has a comment');
 
--- Every function pins search_path, but the C trigger functions, which resolve
--- no name through it (a SET clause would cost a settings save and restore per
--- row), and lapse_error(), which the views inline (it qualifies every name);
--- the hostile search_path test below covers them.
+-- Every function pins search_path, but the C trigger functions and
+-- history_stored(), the WHEN of a trigger, which resolve no name through it
+-- (a SET clause would cost a settings save and restore per row), and
+-- lapse_error(), which the views inline (it qualifies every name); the
+-- hostile search_path test below covers them.
 SELECT is_empty(
     $$SELECT p.oid::regprocedure::text FROM pg_proc p
        WHERE p.pronamespace = 'status_history'::regnamespace
          AND p.prorettype <> 'trigger'::regtype
-         AND p.proname <> 'lapse_error'
+         AND p.proname NOT IN ('lapse_error', 'history_stored')
          AND NOT coalesce('search_path=pg_catalog, pg_temp' = ANY (p.proconfig), false)$$,
-    'every function but the C triggers and lapse_error() pins search_path');
+    'every function but the C triggers, history_stored() and lapse_error() pins search_path');
 SELECT is_empty(
     $$SELECT p.oid::regprocedure::text FROM pg_proc p
        WHERE p.pronamespace = 'status_history'::regnamespace
