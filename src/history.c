@@ -47,6 +47,7 @@
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
 #include "replication/logicalworker.h"
+#include "storage/lmgr.h"
 #include "storage/proc.h"
 #include "utils/fmgrprotos.h"
 #include "storage/itemptr.h"
@@ -572,9 +573,14 @@ status_history_history_stored(PG_FUNCTION_ARGS)
 	HeapTuple	tuple;
 	bool		found;
 	bool		isnull;
+	Oid			relid;
+	LOCKMODE	lockmode;
 
 	sh_check_version();
-	rel = table_open(sh_relation_oid("history"), AccessShareLock);
+	/* The INSERT storing the row holds its lock already (a call by hand may not). */
+	relid = sh_relation_oid("history");
+	lockmode = CheckRelationOidLockedByMe(relid, RowExclusiveLock, true) ? NoLock : AccessShareLock;
+	rel = table_open(relid, lockmode);
 	slot = table_slot_create(rel, NULL);
 	found = table_tuple_fetch_row_version(rel, tid, SnapshotSelf, slot);
 	tuple = found ? ExecFetchSlotHeapTuple(slot, false, NULL) : NULL;
@@ -589,7 +595,7 @@ status_history_history_stored(PG_FUNCTION_ARGS)
 	sh_capture_stored(tuple, DatumGetTimestampTz(slot_getattr(slot, sh_history_cols(RelationGetDescr(rel))->occurred_at,
 															  &isnull)));
 	ExecDropSingleTupleTableSlot(slot);
-	table_close(rel, AccessShareLock);
+	table_close(rel, lockmode);
 	PG_RETURN_BOOL(false);
 }
 

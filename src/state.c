@@ -108,6 +108,14 @@ static long shrink_at = 0;
  */
 static List *pending = NIL;
 
+/*
+ * The entry sh_state_lock() returned last: a row's fold as stored asks for
+ * the object its insert trigger just locked, and a bulk statement's rows
+ * come object after object -- a comparison instead of a hash lookup.
+ * Forgotten whenever entries are dropped.
+ */
+static ShObject *last_locked = NULL;
+
 static ExecutorFinish_hook_type next_executor_finish = NULL;
 
 /* obj is read or changed in the current subtransaction: its abort must undo that. */
@@ -155,6 +163,7 @@ state_discard(void)
 	state_cxt = NULL;
 	objects = NULL;
 	pending = NIL;
+	last_locked = NULL;
 	newest_touch = InvalidSubTransactionId;
 	shrink_at = 0;
 }
@@ -194,6 +203,7 @@ state_shrink(void)
 	ShObject   *obj;
 	long		before = hash_get_num_entries(objects);
 
+	last_locked = NULL;
 	hash_seq_init(&seq, objects);
 	while ((obj = hash_seq_search(&seq)) != NULL)
 	{
@@ -263,6 +273,12 @@ sh_state_lock(Datum object_id)
 	state_check_table();
 	if (objects == NULL)
 		state_create();
+	if (last_locked != NULL && last_locked->valid && last_locked != being_written &&
+		sh_text_key_match(&last_locked->id, &id, sizeof(text *)) == 0)
+	{
+		touch(last_locked);
+		return last_locked;
+	}
 	obj = hash_search(objects, &id, HASH_FIND, NULL);
 	if (obj != NULL && obj->valid)
 	{
@@ -275,6 +291,7 @@ sh_state_lock(Datum object_id)
 					 errdetail("A trigger on status_history.objects or replica_state reported on the object whose row it fired for."),
 					 errhint("Do not report from triggers on the extension's state tables.")));
 		touch(obj);
+		last_locked = obj;
 		return obj;
 	}
 	again = obj != NULL;
@@ -338,6 +355,7 @@ sh_state_lock(Datum object_id)
 	obj = hash_search(objects, &fresh.id, HASH_ENTER, &found);
 	*obj = fresh;
 	touch(obj);
+	last_locked = obj;
 	return obj;
 }
 
@@ -818,6 +836,7 @@ state_xact_callback(XactEvent event, void *arg)
 			state_cxt = NULL;
 			objects = NULL;
 			pending = NIL;
+			last_locked = NULL;
 			sh_imports_reset();
 			being_written = NULL;
 			newest_touch = InvalidSubTransactionId;
