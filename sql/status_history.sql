@@ -233,7 +233,7 @@ AS 'MODULE_PATHNAME', 'status_history_fold_trigger'
 LANGUAGE C;
 
 COMMENT ON FUNCTION status_history.history_fold_trigger() IS
-    'Never fires: the WHEN of its trigger, history_stored(), folds each row as it is stored and is false.';
+    'Never fires: the WHENs of its triggers, history_stored() and history_written(), fold each row as it is stored and write the objects back at the statement''s end, and are false.';
 
 -- The WHEN of history_fold: PostgreSQL evaluates it as it stores each row,
 -- with the stored tuple, and queues no event when it is false -- so the
@@ -244,6 +244,17 @@ CREATE FUNCTION status_history.history_stored(tid)
 RETURNS boolean
 AS 'MODULE_PATHNAME', 'status_history_history_stored'
 LANGUAGE C STRICT;
+
+-- The WHEN of history_written, evaluated as a statement's last row is
+-- stored (before AFTER triggers fire): writes back the objects the statement
+-- folded.  Run as the inserting role too.
+CREATE FUNCTION status_history.history_written()
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'status_history_history_written'
+LANGUAGE C;
+
+COMMENT ON FUNCTION status_history.history_written() IS
+    'The WHEN of the history_written trigger: writes back the objects the statement folded, before its AFTER triggers fire; false (no event is queued).';
 
 COMMENT ON FUNCTION status_history.history_stored(tid) IS
     'The WHEN of the history_fold trigger: folds the row just stored at the TID into its object''s state (written back at the end of the statement), hands report()''s rows back to it, and is false (no event is queued).';
@@ -271,6 +282,10 @@ CREATE TRIGGER history_fold
     AFTER INSERT ON status_history.history
     FOR EACH ROW WHEN (status_history.history_stored(NEW.ctid))
     EXECUTE FUNCTION status_history.history_fold_trigger();
+CREATE TRIGGER history_written
+    AFTER INSERT ON status_history.history
+    FOR EACH STATEMENT WHEN (status_history.history_written())
+    EXECUTE FUNCTION status_history.history_fold_trigger();
 CREATE TRIGGER history_refuse_change
     BEFORE UPDATE OR DELETE OR TRUNCATE ON status_history.history
     FOR EACH STATEMENT EXECUTE FUNCTION status_history.history_refuse_change();
@@ -283,6 +298,7 @@ CREATE TRIGGER history_refuse_row
 -- Fire even under session_replication_role = replica.
 ALTER TABLE status_history.history ENABLE ALWAYS TRIGGER history_insert;
 ALTER TABLE status_history.history ENABLE ALWAYS TRIGGER history_fold;
+ALTER TABLE status_history.history ENABLE ALWAYS TRIGGER history_written;
 ALTER TABLE status_history.history ENABLE ALWAYS TRIGGER history_refuse_change;
 ALTER TABLE status_history.history ENABLE ALWAYS TRIGGER history_refuse_row;
 
@@ -852,7 +868,7 @@ DECLARE
         ' status_history.report_many(text[], text[], text[], jsonb[], text[], bigint[], timestamptz[], interval[]),'
         ' status_history.lapse_error(text, timestamptz),'
         ' status_history.stable_horizon(), status_history.changes(timestamptz, integer, boolean),'
-        ' status_history.history_stored(tid)';
+        ' status_history.history_stored(tid), status_history.history_written()';
     controller_functions CONSTANT text := 'status_history.reconnect(bigint, text, text[]),'
         ' status_history.retire_replica(text, bigint), status_history.expire(integer)';
     admin_functions CONSTANT text := 'status_history.prune(integer, interval), status_history.expire(integer)';

@@ -495,6 +495,68 @@ SELECT status FROM status_history.report('hs', 'stalled', replica_id => 'r1', ge
 SELECT status, stale FROM status_history.history WHERE object_id = 'hs' ORDER BY occurred_at;
 SELECT state_mismatches() AS after_history_stored_by_hand;
 
+-- From the review of folding rows as they are stored: a subtransaction that
+-- aborts in the middle of a statement after it reported on an object whose
+-- earlier rows were folded and not written yet, a write by another statement
+-- before the statement ends (the exception handler's report), and a later
+-- rollback to a savepoint that touches the object: the object's state is
+-- read again and caught up from its stored rows, none of them lost.
+CREATE FUNCTION public.abort_between(g int) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+  IF g = 2 THEN
+    BEGIN
+      PERFORM status_history.report('ab', 'stalled', generation => 100);
+      RAISE EXCEPTION 'boom';
+    EXCEPTION WHEN others THEN PERFORM status_history.report('ab-errors', 'stalled', generation => 100);
+    END;
+  END IF;
+  RETURN CASE g WHEN 1 THEN 'running' ELSE 'paused' END;
+END $$;
+BEGIN;
+INSERT INTO status_history.history (object_id, status, generation)
+SELECT 'ab', public.abort_between(g), 100 FROM generate_series(1, 2) AS g;
+SELECT status FROM status_history.statuses WHERE object_id = 'ab';
+SELECT state_mismatches() AS after_abort_between;
+SAVEPOINT q;
+SELECT status FROM status_history.report('ab', 'ceased', generation => 100);
+ROLLBACK TO q;
+COMMIT;
+SELECT status FROM status_history.statuses WHERE object_id = 'ab';
+SELECT state_mismatches() AS after_abort_between_committed;
+DROP FUNCTION public.abort_between(int);
+
+-- AFTER STATEMENT triggers of yours see the state their statement's rows
+-- made: after an INSERT, a COPY and a data-modifying WITH nobody reads.
+CREATE FUNCTION public.mismatches_now() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE NOTICE 'mismatches seen by an AFTER STATEMENT trigger: %', public.state_mismatches(); RETURN NULL; END $$;
+CREATE TRIGGER aa_after_statement AFTER INSERT ON status_history.history
+    FOR EACH STATEMENT EXECUTE FUNCTION public.mismatches_now();
+BEGIN;
+INSERT INTO status_history.history (object_id, status, generation) VALUES ('as1', 'running', 100);
+COPY status_history.history (object_id, status, generation) FROM STDIN;
+as1	paused	100
+as2	running	100
+\.
+WITH x AS (INSERT INTO status_history.history (object_id, status, generation) VALUES ('as1', 'stalled', 100) RETURNING *)
+SELECT 1 AS one;
+COMMIT;
+DROP TRIGGER aa_after_statement ON status_history.history;
+DROP FUNCTION public.mismatches_now();
+
+-- A COPY that loads the library (the first use of the extension in a
+-- session): its objects are written back at its end, before the
+-- transaction reads them.
+\c
+BEGIN;
+COPY status_history.history (object_id, status, generation) FROM STDIN;
+fc1	running	100
+fc2	stalled	100
+fc1	paused	100
+\.
+SELECT object_id, status FROM status_history.statuses WHERE object_id LIKE 'fc_' ORDER BY 1;
+SELECT state_mismatches() AS after_first_copy;
+COMMIT;
+
 REVOKE ALL ON status_history.history FROM sh_wp_reporter;
 DROP FUNCTION public.policy_report(text);
 DROP ROLE sh_wp_reporter;

@@ -57,6 +57,7 @@
 PG_FUNCTION_INFO_V1(status_history_insert_trigger);
 PG_FUNCTION_INFO_V1(status_history_fold_trigger);
 PG_FUNCTION_INFO_V1(status_history_history_stored);
+PG_FUNCTION_INFO_V1(status_history_history_written);
 PG_FUNCTION_INFO_V1(status_history_refuse_change);
 
 /* The statuses a report may carry; questions.c counts time per status by index. */
@@ -599,7 +600,24 @@ status_history_history_stored(PG_FUNCTION_ARGS)
 	PG_RETURN_BOOL(false);
 }
 
-/* SQL: AFTER INSERT FOR EACH ROW on status_history.history: never fires (its WHEN, history_stored(), folds each row and is false) */
+/*
+ * SQL: status_history.history_written(), the WHEN of the AFTER INSERT FOR
+ * EACH STATEMENT trigger history_written.  PostgreSQL evaluates it as the
+ * statement's last row is stored -- INSERT, COPY, a data-modifying WITH --
+ * before any AFTER trigger fires: the objects the statement folded are
+ * written back then (state.c), so that AFTER triggers see them.  False: no
+ * event is queued.  (An executor stopped early never gets here: its finish
+ * writes them.)  Called by hand, it writes what is pending, no more.
+ */
+Datum
+status_history_history_written(PG_FUNCTION_ARGS)
+{
+	sh_check_version();
+	sh_state_flush();
+	PG_RETURN_BOOL(false);
+}
+
+/* SQL: AFTER INSERT on status_history.history, for each row (history_fold) and statement (history_written): never fires (their WHENs are false) */
 Datum
 status_history_fold_trigger(PG_FUNCTION_ARGS)
 {
@@ -610,11 +628,10 @@ status_history_fold_trigger(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
 				 errmsg("history_fold_trigger: not called by trigger manager")));
-	if (!TRIGGER_FIRED_AFTER(trigdata->tg_event) || !TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) ||
-		!TRIGGER_FIRED_BY_INSERT(trigdata->tg_event))
+	if (!TRIGGER_FIRED_AFTER(trigdata->tg_event) || !TRIGGER_FIRED_BY_INSERT(trigdata->tg_event))
 		ereport(ERROR,
 				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("history_fold_trigger: must be fired after insert for each row")));
+				 errmsg("history_fold_trigger: must be fired after insert")));
 	return PointerGetDatum(NULL);
 }
 

@@ -302,7 +302,7 @@ sh_state_lock(Datum object_id)
 	/* Locking may run (and roll back) a subtransaction of its own. */
 	memset(&fresh, 0, sizeof(fresh));
 	ItemPointerSetInvalid(&fresh.current_tid);
-	fresh.current_at = fresh.status_since = fresh.last_at = fresh.expires_at = SH_NO_STAMP;
+	fresh.current_at = fresh.status_since = fresh.last_at = fresh.expires_at = fresh.came_at = SH_NO_STAMP;
 	fresh.id = id;
 	created = sh_lock_object(object_id, sh_fence_new_object(), &fresh);
 	if (objects == NULL)
@@ -330,6 +330,7 @@ sh_state_lock(Datum object_id)
 	{
 		fresh.pending = obj->pending;
 		fresh.pending_since = obj->pending_since;
+		fresh.came_at = obj->came_at;
 		sh_waiting_forget_aborted(obj);
 		fresh.waiting = obj->waiting;
 		fresh.nwaiting = obj->nwaiting;
@@ -477,7 +478,11 @@ fold(ShObject *obj, TupleTableSlot *slot, bool event)
 		obj->dirty = true;
 	}
 	obj->last_at = row.stamp;
-	sh_waiting_note(obj, row.stamp, row.xmin, event);
+	/*
+	 * Its own fold as stored is due unless this is it, or a later row's came
+	 * (a state read again folds its rows again: their folds came long ago).
+	 */
+	sh_waiting_note(obj, row.stamp, row.xmin, event || row.stamp <= obj->came_at);
 }
 
 /*
@@ -669,6 +674,7 @@ sh_state_stored(TupleTableSlot *slot)
 
 	stamp = DatumGetTimestampTz(slot_getattr(slot, c->occurred_at, &isnull));
 	obj = sh_state_lock(slot_getattr(slot, c->object_id, &isnull));
+	obj->came_at = Max(obj->came_at, stamp);
 	if (!catch_up(obj, slot) && !sh_waiting_came(obj, stamp))
 	{
 		/* Not folded: stored after rows with later stamps were folded. */

@@ -164,6 +164,7 @@ typedef struct ShObject
 	ShKey	   *keys;
 	bool		valid;			/* false: read it again before use */
 	SubTransactionId touched;	/* newest subtransaction that read or changed it */
+	TimestampTz came_at;		/* newest row whose own fold as stored came (kept when read again) */
 	bool		pending;		/* folded since written back: to write at the statement's end */
 	SubTransactionId pending_since; /* the subtransaction of the first such fold */
 } ShObject;

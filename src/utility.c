@@ -14,11 +14,10 @@
  * And the kept writers (rowwrite.c) hold the state tables open: they are
  * closed before any utility command, so that DROP, ALTER or TRUNCATE of a
  * table does not find it open in this session -- after the states folded
- * and not written yet are written (state.c); a COPY's, after it.
+ * and not written yet are written (state.c).
  */
 #include "postgres.h"
 
-#include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_class.h"
 #include "commands/extension.h"
@@ -151,9 +150,6 @@ sh_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree,
 	sh_rowwriter_release();
 	(next_utility ? next_utility : standard_ProcessUtility) (pstmt, queryString, readOnlyTree,
 															 context, params, queryEnv, dest, qc);
-	/* A COPY's rows, folded as stored (it runs no executor finish). */
-	if (IsA(stmt, CopyStmt) && IsTransactionState())
-		sh_state_flush();
 }
 
 void

@@ -166,8 +166,8 @@ SELECT is(
     (SELECT string_agg(p.proname, ', ' ORDER BY p.proname) FROM pg_proc p
       WHERE p.pronamespace = 'status_history'::regnamespace
         AND has_function_privilege('public', p.oid, 'EXECUTE')),
-    'changes, history_stored, lapse_error, monotonic_now, report, report_many, stable_horizon, versions',
-    'PUBLIC executes only changes() (it needs SELECT on the history), history_stored() (the fold trigger''s WHEN, run as the inserting role; it folds only rows the caller stored), lapse_error() (the views call it), monotonic_now(), report() and report_many() (the last two need INSERT), stable_horizon() and versions()');
+    'changes, history_stored, history_written, lapse_error, monotonic_now, report, report_many, stable_horizon, versions',
+    'PUBLIC executes only changes() (it needs SELECT on the history), history_stored() and history_written() (the WHENs of the fold triggers, run as the inserting role; they fold only rows the caller stored, and write back only what the caller folded), lapse_error() (the views call it), monotonic_now(), report() and report_many() (the last two need INSERT), stable_horizon() and versions()');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -155,7 +155,8 @@ SELECT is_empty(
     'every column has a comment');
 
 -- Every function pins search_path, but the C trigger functions and
--- history_stored(), the WHEN of a trigger, which resolve no name through it
+-- history_stored() and history_written(), the WHENs of triggers, which
+-- resolve no name through it
 -- (a SET clause would cost a settings save and restore per row), and
 -- lapse_error(), which the views inline (it qualifies every name); the
 -- hostile search_path test below covers them.
@@ -163,9 +164,9 @@ SELECT is_empty(
     $$SELECT p.oid::regprocedure::text FROM pg_proc p
        WHERE p.pronamespace = 'status_history'::regnamespace
          AND p.prorettype <> 'trigger'::regtype
-         AND p.proname NOT IN ('lapse_error', 'history_stored')
+         AND p.proname NOT IN ('lapse_error', 'history_stored', 'history_written')
          AND NOT coalesce('search_path=pg_catalog, pg_temp' = ANY (p.proconfig), false)$$,
-    'every function but the C triggers, history_stored() and lapse_error() pins search_path');
+    'every function but the C triggers, history_stored(), history_written() and lapse_error() pins search_path');
 SELECT is_empty(
     $$SELECT p.oid::regprocedure::text FROM pg_proc p
        WHERE p.pronamespace = 'status_history'::regnamespace
