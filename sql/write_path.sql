@@ -557,6 +557,29 @@ SELECT object_id, status FROM status_history.statuses WHERE object_id LIKE 'fc_'
 SELECT state_mismatches() AS after_first_copy;
 COMMIT;
 
+-- reconnect(g, replica) hands the ids it locked to the copies' INSERT as an
+-- array; building it replaced short ids by copies in SPI's memory, which
+-- were freed before the fences were written with them (a crash once the
+-- states had to be read again: a trigger's aborted report on each copy).
+CREATE FUNCTION public.poke() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  BEGIN
+    PERFORM status_history.report(NEW.object_id, 'paused', replica_id => 'r1', generation => 100);
+    RAISE EXCEPTION 'undo';
+  EXCEPTION WHEN raise_exception THEN NULL;
+  END;
+  RETURN NULL;
+END $$;
+SELECT count(*) FROM (SELECT status_history.report('uaf-' || i, 'running', replica_id => 'r1', generation => 100)
+                      FROM generate_series(1, 20) i) s;
+CREATE TRIGGER poke AFTER INSERT ON status_history.history FOR EACH ROW
+  WHEN (NEW.generation = 150) EXECUTE FUNCTION public.poke();
+SELECT count(*) AS restamped FROM status_history.reconnect(150, 'r1');
+DROP TRIGGER poke ON status_history.history;
+DROP FUNCTION public.poke();
+SELECT count(*) AS not_ids FROM status_history.objects WHERE object_id !~ '^[a-z0-9-]+$';
+SELECT state_mismatches() AS after_replica_reconnect_with_aborted_reports;
+
 REVOKE ALL ON status_history.history FROM sh_wp_reporter;
 DROP FUNCTION public.policy_report(text);
 DROP ROLE sh_wp_reporter;

@@ -462,7 +462,7 @@ insert_replica_copies(Datum *ids, int n, int64 generation, Datum replica_id)
 	Oid			types[3] = {TEXTARRAYOID, INT8OID, TEXTOID};
 	Datum		args[3];
 
-	args[0] = PointerGetDatum(construct_array(ids, n, TEXTOID, -1, false, TYPALIGN_INT));
+	args[0] = PointerGetDatum(sh_text_array(ids, n));
 	args[1] = Int64GetDatum(generation);
 	args[2] = replica_id;
 	if (plan == NULL)

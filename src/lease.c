@@ -179,7 +179,7 @@ append_lapses(Datum *ids, int n)
 	Datum		args[1];
 	int			ret;
 
-	args[0] = PointerGetDatum(construct_array(ids, n, TEXTOID, -1, false, TYPALIGN_INT));
+	args[0] = PointerGetDatum(sh_text_array(ids, n));
 	if (plan == NULL)
 		plan = sh_prepare_kept("INSERT INTO status_history.history"
 							   " (object_id, status, error, details, replica_id, generation, reported_at)"

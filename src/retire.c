@@ -98,7 +98,7 @@ append_replacements(Datum *ids, int n, Datum replica_id, bool gen_null, int64 ge
 	int			ret;
 	uint64		appended;
 
-	args[0] = PointerGetDatum(construct_array(ids, n, TEXTOID, -1, false, TYPALIGN_INT));
+	args[0] = PointerGetDatum(sh_text_array(ids, n));
 	args[1] = Int64GetDatum(generation);
 	args[2] = replica_id;
 	SPI_connect();

@@ -69,6 +69,7 @@ extern int	sh_fnumber(TupleDesc desc, const char *column);
 extern AttrNumber sh_attnum(TupleDesc desc, const char *table, const char *column);
 extern ErrorData *sh_subxact_abort(MemoryContext cxt, ResourceOwner owner);
 extern HTAB *sh_text_hash_create(const char *name, Size entrysize, MemoryContext cxt);
+extern ArrayType *sh_text_array(const Datum *ids, int n);
 extern int	sh_execute_latest(SPIPlanPtr plan, Datum *args, const char *nulls,
 							  bool read_only, long count);
 extern int	sh_read_ids(SPIPlanPtr *plan, const char *sql, int nargs, Oid *types, Datum *args,

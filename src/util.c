@@ -459,6 +459,24 @@ sh_check_id_list(Datum ids)
 				 errhint("List object ids only, or pass NULL for every object.")));
 }
 
+/*
+ * A text[] of the n ids, in the current memory context.  construct_array()
+ * replaces short-header elements in the array it is given by converted
+ * copies (in the current context): it gets a copy, so that the caller's ids
+ * never point into a context that goes first (SPI's).
+ */
+ArrayType *
+sh_text_array(const Datum *ids, int n)
+{
+	Datum	   *elems = palloc(Max(n, 1) * sizeof(Datum));
+	ArrayType  *a;
+
+	memcpy(elems, ids, n * sizeof(Datum));
+	a = construct_array(elems, n, TEXTOID, -1, false, TYPALIGN_INT);
+	pfree(elems);
+	return a;
+}
+
 /* A hash table in cxt whose entries start with a text pointer key (the above). */
 HTAB *
 sh_text_hash_create(const char *name, Size entrysize, MemoryContext cxt)

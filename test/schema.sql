@@ -72,7 +72,7 @@ SELECT function_lang_is('status_history', 'history_fold_trigger', '{}'::name[], 
 SELECT is(
     (SELECT string_agg(format('%s=%s', tgname, tgenabled), ', ' ORDER BY tgname)
        FROM pg_trigger WHERE tgrelid = 'status_history.history'::regclass),
-    'history_fold=A, history_insert=A, history_refuse_change=A, history_refuse_row=A',
+    'history_fold=A, history_insert=A, history_refuse_change=A, history_refuse_row=A, history_written=A',
     'triggers fire ALWAYS, also under session_replication_role = replica');
 SELECT is(
     (SELECT string_agg(format('%s=%s', tgname, tgenabled), ', ' ORDER BY tgname)
