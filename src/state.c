@@ -884,10 +884,11 @@ state_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 }
 
 /*
- * The end of a statement that may have stored rows: write back what it
- * folded, before its AFTER triggers run (they see the state as their rows
- * made it) and again after them (rows of a data-modifying WITH the query
- * did not read are stored then, and the triggers may have reported).
+ * The end of a statement that may have stored rows.  Its statement
+ * trigger's WHEN (history_written()) normally wrote back what it folded;
+ * an executor stopped early by a row limit never got there: write it back
+ * before its AFTER triggers run (they see the state as their rows made it)
+ * and again after them (they may have reported).
  */
 static void
 state_executor_finish(QueryDesc *queryDesc)
