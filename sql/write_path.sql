@@ -580,6 +580,28 @@ DROP FUNCTION public.poke();
 SELECT count(*) AS not_ids FROM status_history.objects WHERE object_id !~ '^[a-z0-9-]+$';
 SELECT state_mismatches() AS after_replica_reconnect_with_aborted_reports;
 
+-- One statement creating many objects, or repeating many reports, keeps no
+-- memory per row or per object past the states' cache: the command counter
+-- advances only when a row to be written is one this command wrote (each
+-- advance would give the next object a command id of its own, and each row
+-- inserted and then updated under another command id keeps a combo command
+-- id in memory to the transaction's end).
+SET status_history.cache_max_objects = 100;
+BEGIN;
+INSERT INTO status_history.history (object_id, status, generation)
+SELECT 'cc-' || i, 'running', 1000 FROM generate_series(1, 20000) i;
+INSERT INTO status_history.history (object_id, status, generation)
+SELECT 'cc-' || (1 + i % 2000), 'running', 1000 FROM generate_series(1, 20000) i;
+SELECT count(*) AS objects, count(*) FILTER (WHERE NOT stale) AS current,
+       count(*) FILTER (WHERE last_seen_at > occurred_at) AS seen_again
+  FROM status_history.replica_statuses r
+  JOIN status_history.history h USING (object_id, occurred_at) WHERE object_id LIKE 'cc-%';
+SELECT coalesce(sum(total_bytes), 0) < 65536 AS few_combo_cids
+  FROM pg_backend_memory_contexts WHERE name = 'Combo CIDs';
+SELECT state_mismatches() AS after_many_new_objects;
+COMMIT;
+RESET status_history.cache_max_objects;
+
 REVOKE ALL ON status_history.history FROM sh_wp_reporter;
 DROP FUNCTION public.policy_report(text);
 DROP ROLE sh_wp_reporter;

@@ -168,20 +168,22 @@ close_table(bool kept, Relation rel, Relation index)
 
 /*
  * Find the object's row and lock its newest version (waiting for whoever
- * holds it).  False when there is no row.
+ * holds it).  False when there is none -- also when its newest version is
+ * one this command wrote, which the scan does not see (sh_lock_object()
+ * then advances the command counter and looks again).  *again: the version
+ * found was replaced by this command; advance and look again.
  */
 static bool
-lock_row(Relation rel, Relation index, Datum object_id, ShObject *obj)
+lock_row(Relation rel, Relation index, Datum object_id, ShObject *obj, bool *again)
 {
-	Snapshot	snapshot;
+	Snapshot	snapshot = RegisterSnapshot(GetLatestSnapshot());
 	IndexScanDesc scan;
 	ScanKeyData key;
 	TupleTableSlot *found = table_slot_create(rel, NULL);
 	TupleTableSlot *locked = table_slot_create(rel, NULL);
 	bool		have = false;
 
-	CommandCounterIncrement();	/* see our own latest write */
-	snapshot = RegisterSnapshot(GetLatestSnapshot());
+	*again = false;
 	ScanKeyInit(&key, 1, BTEqualStrategyNumber, F_TEXTEQ, object_id);
 	key.sk_collation = index->rd_indcollation[0];
 
@@ -203,7 +205,12 @@ lock_row(Relation rel, Relation index, Datum object_id, ShObject *obj)
 			have = true;
 			break;
 		}
-		/* Our own changes are visible after the increment above. */
+		/* Replaced by this very command: its version is not ours to see yet. */
+		if (result == TM_SelfModified || result == TM_Invisible)
+		{
+			*again = true;
+			break;
+		}
 		if (result != TM_Deleted)
 			elog(ERROR, "status_history: unexpected result %d locking an object", (int) result);
 		/* Deleted meanwhile (only by hand): treat as missing. */
@@ -267,11 +274,22 @@ sh_lock_object(Datum object_id, int64 new_fence, ShObject *obj)
 	Relation	index;
 	bool		kept = open_table(sh_relation_oid("objects"), sh_relation_oid("objects_pkey"), &rel, &index);
 	bool		created = false;
+	bool		again;
 
-	for (int attempt = 0; !lock_row(rel, index, object_id, obj); attempt++)
+	/*
+	 * The command counter is not advanced to look: a row this command wrote
+	 * shows up as replaced (again) or as a key already taken, and only then
+	 * does it advance.
+	 */
+	for (int attempt = 0; !lock_row(rel, index, object_id, obj, &again); attempt++)
 	{
-		if (attempt > 2)
+		if (attempt > 3)
 			elog(ERROR, "status_history: object row vanished while being locked");
+		if (again)
+		{
+			CommandCounterIncrement();
+			continue;
+		}
 		/*
 		 * A row our transaction inserted needs no lock: nobody else sees it
 		 * before we commit, and a concurrent creator waits for us.  (Under
@@ -284,6 +302,8 @@ sh_lock_object(Datum object_id, int64 new_fence, ShObject *obj)
 			(void) sh_attnum(RelationGetDescr(rel), "objects", "status_since");
 			break;
 		}
+		/* Taken: by a creator we waited for, or by this command (visible after this). */
+		CommandCounterIncrement();
 	}
 	close_table(kept, rel, index);
 	return created;
@@ -371,8 +391,22 @@ sh_read_keys(ShObject *obj, MemoryContext cxt)
 	ScanKeyData skey;
 
 	key_columns(RelationGetDescr(rel), &cols);
-	CommandCounterIncrement();	/* see our own latest write */
-	snapshot = RegisterSnapshot(GetLatestSnapshot());
+	/*
+	 * SnapshotSelf: every committed row and our own latest versions, also
+	 * those this command wrote, without advancing the command counter (see
+	 * sh_written_by_this_command()).  Nobody else writes these rows while we
+	 * hold the object's row lock, so no version in progress can be missed.
+	 * SERIALIZABLE reads them through an MVCC snapshot instead, which takes
+	 * the predicate locks that let PostgreSQL see a reporter read what a
+	 * concurrent one wrote (test/specs/isolation_levels.spec).
+	 */
+	if (IsolationIsSerializable())
+	{
+		CommandCounterIncrement();	/* see our own latest write */
+		snapshot = RegisterSnapshot(GetLatestSnapshot());
+	}
+	else
+		snapshot = SnapshotSelf;
 	scan = index_beginscan(rel, index, snapshot, 1, 0);
 	ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_TEXTEQ, PointerGetDatum(obj->id));
 	skey.sk_collation = index->rd_indcollation[0];
@@ -386,7 +420,8 @@ sh_read_keys(ShObject *obj, MemoryContext cxt)
 		obj->last_at = Max(obj->last_at, key->last_at);
 	}
 	index_endscan(scan);
-	UnregisterSnapshot(snapshot);
+	if (IsMVCCSnapshot(snapshot))
+		UnregisterSnapshot(snapshot);
 	ExecDropSingleTupleTableSlot(slot);
 	close_table(kept, rel, index);
 }

@@ -305,6 +305,12 @@ sh_rowwriter_update(ShRowWriter *w, ItemPointer tid, ShRowModify modify, void *a
 
 	if (!sh_fetch_hint(w->rel, tid, w->old))
 		return false;
+	/* Our write of it in this command must be behind us before it is updated. */
+	if (sh_written_by_this_command(w->old))
+	{
+		CommandCounterIncrement();
+		w->estate->es_output_cid = GetCurrentCommandId(true);
+	}
 	/* What this row allocates goes with it. */
 	ResetPerTupleExprContext(w->estate);
 	old_cxt = MemoryContextSwitchTo(GetPerTupleMemoryContext(w->estate));

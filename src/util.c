@@ -361,6 +361,28 @@ sh_fetch_hint(Relation rel, ItemPointer tid, TupleTableSlot *slot)
 }
 
 /*
+ * Is the row version in slot (fetched from a heap) one this command wrote?
+ * Such a version cannot be locked or updated until the command counter
+ * advances; any other can.  The write path advances it only then: every
+ * advance gives the next rows written a command id of their own, and each
+ * row a transaction inserts and then updates under another command id costs
+ * a combo command id in memory until it ends (one per new object, per
+ * repeat, in a COPY that advanced for each).
+ */
+bool
+sh_written_by_this_command(TupleTableSlot *slot)
+{
+	bool		should_free;
+	HeapTuple	tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
+	bool		mine = TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetXmin(tuple->t_data)) &&
+		HeapTupleHeaderGetCmin(tuple->t_data) >= GetCurrentCommandId(false);
+
+	if (should_free)
+		heap_freetuple(tuple);
+	return mine;
+}
+
+/*
  * SPI_fnumber(), remembered: the write-back names a dozen columns per row,
  * and a name lookup compares with every column.  The names are string
  * constants, so their addresses -- with the descriptor's row type, since one

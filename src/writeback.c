@@ -353,7 +353,7 @@ sh_write_object(ShObject *obj, TupleTableSlot *row)
 		any = obj->keys[i].dirty;
 	if (!any)
 		return;
-	CommandCounterIncrement();	/* our previous write of these rows is visible, and not this command's */
+	/* (No command counter advance: sh_rowwriter_update() makes one if the row needs it.) */
 	SPI_connect();
 	sh_become_owner(sh_relation_oid("objects"), &saved);
 	if (obj->dirty)
