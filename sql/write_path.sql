@@ -602,6 +602,20 @@ SELECT state_mismatches() AS after_many_new_objects;
 COMMIT;
 RESET status_history.cache_max_objects;
 
+-- ... but it writes under a command id of its own, never under the one of the
+-- statement it writes back for: an owner's UPDATE or DELETE of a state row,
+-- by hand, in a WITH that runs after the statement's report, is refused as
+-- PostgreSQL refuses a row changed by what the statement triggered (it would
+-- otherwise take our version for its own and skip the row silently).
+SELECT count(*) FROM status_history.report('cte-own', 'running', replica_id => 'r1', generation => 1000);
+WITH u AS (UPDATE status_history.objects SET fence = fence + 7 WHERE object_id = 'cte-own' RETURNING object_id)
+INSERT INTO status_history.history (object_id, status, replica_id, generation) VALUES ('cte-own', 'paused', 'r1', 1000);
+WITH d AS (DELETE FROM status_history.replica_state WHERE object_id = 'cte-own' RETURNING 1)
+INSERT INTO status_history.history (object_id, status, replica_id, generation) VALUES ('cte-own', 'paused', 'r1', 1000);
+SELECT o.status, (SELECT count(*) FROM status_history.replica_state WHERE object_id = 'cte-own') AS key_rows
+  FROM status_history.objects o WHERE o.object_id = 'cte-own';
+SELECT state_mismatches() AS after_hand_writes_in_with;
+
 REVOKE ALL ON status_history.history FROM sh_wp_reporter;
 DROP FUNCTION public.policy_report(text);
 DROP ROLE sh_wp_reporter;

@@ -287,7 +287,7 @@ sh_lock_object(Datum object_id, int64 new_fence, ShObject *obj)
 			elog(ERROR, "status_history: object row vanished while being locked");
 		if (again)
 		{
-			CommandCounterIncrement();
+			sh_advance_command();
 			continue;
 		}
 		/*
@@ -303,7 +303,7 @@ sh_lock_object(Datum object_id, int64 new_fence, ShObject *obj)
 			break;
 		}
 		/* Taken: by a creator we waited for, or by this command (visible after this). */
-		CommandCounterIncrement();
+		sh_advance_command();
 	}
 	close_table(kept, rel, index);
 	return created;

@@ -305,12 +305,11 @@ sh_rowwriter_update(ShRowWriter *w, ItemPointer tid, ShRowModify modify, void *a
 
 	if (!sh_fetch_hint(w->rel, tid, w->old))
 		return false;
-	/* Our write of it in this command must be behind us before it is updated. */
+	/* Under our own command id; and our write of it in this one must be behind us. */
+	sh_command_of_our_own();
 	if (sh_written_by_this_command(w->old))
-	{
-		CommandCounterIncrement();
-		w->estate->es_output_cid = GetCurrentCommandId(true);
-	}
+		sh_advance_command();
+	w->estate->es_output_cid = GetCurrentCommandId(true);
 	/* What this row allocates goes with it. */
 	ResetPerTupleExprContext(w->estate);
 	old_cxt = MemoryContextSwitchTo(GetPerTupleMemoryContext(w->estate));
@@ -398,6 +397,8 @@ sh_rowwriter_insert_new(ShRowWriter *w, Oid arbiter, ShRowModify fill, void *arg
 	MemoryContext old_cxt;
 	volatile bool inserted = false;
 
+	sh_command_of_our_own();
+	w->estate->es_output_cid = GetCurrentCommandId(true);
 	ResetPerTupleExprContext(w->estate);
 	old_cxt = MemoryContextSwitchTo(GetPerTupleMemoryContext(w->estate));
 	PG_TRY();

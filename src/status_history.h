@@ -66,6 +66,8 @@ extern void sh_check_id_list(Datum ids);
 extern void sh_note_block(Relation rel, BlockNumber blk);
 extern bool sh_fetch_hint(Relation rel, ItemPointer tid, TupleTableSlot *slot);
 extern bool sh_written_by_this_command(TupleTableSlot *slot);
+extern void sh_advance_command(void);
+extern void sh_command_of_our_own(void);
 extern int	sh_fnumber(TupleDesc desc, const char *column);
 extern AttrNumber sh_attnum(TupleDesc desc, const char *table, const char *column);
 extern ErrorData *sh_subxact_abort(MemoryContext cxt, ResourceOwner owner);

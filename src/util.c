@@ -361,6 +361,37 @@ sh_fetch_hint(Relation rel, ItemPointer tid, TupleTableSlot *slot)
 }
 
 /*
+ * The command id the write path last advanced to (in transaction own_lxid).
+ * Rows are written under a command id of the extension's own, never under
+ * the one a user's statement writes with: that statement's own UPDATE or
+ * DELETE of a state row (an owner's, by hand, in a WITH) would otherwise take
+ * our version for its own and skip the row silently, where PostgreSQL
+ * refuses a row changed by something the statement triggered.
+ */
+static CommandId own_cid = InvalidCommandId;
+static LocalTransactionId own_lxid = InvalidLocalTransactionId;
+
+/* Advance the command counter; the new command id is the write path's. */
+void
+sh_advance_command(void)
+{
+	CommandCounterIncrement();
+	own_cid = GetCurrentCommandId(false);
+	own_lxid = MyProc->lxid;
+}
+
+/*
+ * Before writing a state row: advance unless the current command id is
+ * already the write path's -- once per statement, not once per row.
+ */
+void
+sh_command_of_our_own(void)
+{
+	if (own_lxid != MyProc->lxid || own_cid != GetCurrentCommandId(false))
+		sh_advance_command();
+}
+
+/*
  * Is the row version in slot (fetched from a heap) one this command wrote?
  * Such a version cannot be locked or updated until the command counter
  * advances; any other can.  The write path advances it only then: every

@@ -353,7 +353,7 @@ sh_write_object(ShObject *obj, TupleTableSlot *row)
 		any = obj->keys[i].dirty;
 	if (!any)
 		return;
-	/* (No command counter advance: sh_rowwriter_update() makes one if the row needs it.) */
+	/* (The row writer advances the command counter when needed: once per statement, or for a row it wrote.) */
 	SPI_connect();
 	sh_become_owner(sh_relation_oid("objects"), &saved);
 	if (obj->dirty)
