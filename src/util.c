@@ -371,12 +371,16 @@ sh_fetch_hint(Relation rel, ItemPointer tid, TupleTableSlot *slot)
 static CommandId own_cid = InvalidCommandId;
 static LocalTransactionId own_lxid = InvalidLocalTransactionId;
 
-/* Advance the command counter; the new command id is the write path's. */
+/*
+ * Advance the command counter; the new command id is the write path's.  It
+ * is marked used, so that the next statement starts under another one even
+ * if nothing is written under it.
+ */
 void
 sh_advance_command(void)
 {
 	CommandCounterIncrement();
-	own_cid = GetCurrentCommandId(false);
+	own_cid = GetCurrentCommandId(true);
 	own_lxid = MyProc->lxid;
 }
 
