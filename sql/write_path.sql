@@ -582,7 +582,8 @@ SELECT state_mismatches() AS after_replica_reconnect_with_aborted_reports;
 
 -- One statement creating many objects, or repeating many reports, keeps no
 -- memory per row or per object past the states' cache: the command counter
--- advances only when a row to be written is one this command wrote (each
+-- advances once per statement, and again only when a row to be written is
+-- one this command wrote (each
 -- advance would give the next object a command id of its own, and each row
 -- inserted and then updated under another command id keeps a combo command
 -- id in memory to the transaction's end).

@@ -402,7 +402,7 @@ sh_read_keys(ShObject *obj, MemoryContext cxt)
 	 */
 	if (IsolationIsSerializable())
 	{
-		CommandCounterIncrement();	/* see our own latest write */
+		sh_advance_command();	/* see our own latest write */
 		snapshot = RegisterSnapshot(GetLatestSnapshot());
 	}
 	else

@@ -403,7 +403,7 @@ sh_fence_writer_begin(void)
 {
 	ShFenceWriter *w = palloc(sizeof(ShFenceWriter));
 
-	CommandCounterIncrement();
+	/* (The row writer advances the command counter itself when it must.) */
 	SPI_connect();
 	sh_become_owner(sh_relation_oid("objects"), &w->saved);
 	w->rows = sh_rowwriter_begin(sh_relation_oid("objects"));
