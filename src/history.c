@@ -592,6 +592,9 @@ status_history_history_stored(PG_FUNCTION_ARGS)
 						DatumGetCString(DirectFunctionCall1(tidout, PointerGetDatum(tid)))),
 				 errdetail("It is the WHEN condition of the history_fold trigger on status_history.history."),
 				 errhint("Do not call it yourself.")));
+	/* (Its block exists while the storing INSERT's lock is held: the write-back's hint check need not ask.) */
+	if (lockmode == NoLock)
+		sh_note_block(rel, ItemPointerGetBlockNumber(tid));
 	sh_state_stored(slot);
 	sh_capture_stored(tuple, DatumGetTimestampTz(slot_getattr(slot, sh_history_cols(RelationGetDescr(rel))->occurred_at,
 															  &isnull)));

@@ -291,18 +291,40 @@ static struct
 	RelFileNode node;
 	LocalTransactionId lxid;
 	BlockNumber nblocks;
-}			known_blocks[4];
+}			known_blocks[8];
 
-/* The entry of rel in known_blocks, if its count holds now; else NULL. */
+/*
+ * The entry of rel in known_blocks (*holds: its count holds now), else the
+ * one to replace: searched in full, since the tables one report touches
+ * would share an entry chosen by their OIDs (objects and replica_state did,
+ * whenever their OIDs agreed modulo the array's length).
+ */
 static int
 known_blocks_slot(Relation rel, bool *holds)
 {
-	int			i = RelationGetRelid(rel) % lengthof(known_blocks);
+	static int	next_victim = 0;
+	int			victim = -1;
 
-	*holds = known_blocks[i].relid == RelationGetRelid(rel) &&
-		known_blocks[i].lxid == MyProc->lxid &&
-		RelFileNodeEquals(known_blocks[i].node, rel->rd_node);
-	return i;
+	for (int i = 0; i < lengthof(known_blocks); i++)
+	{
+		if (known_blocks[i].relid != RelationGetRelid(rel))
+		{
+			/* An entry of an earlier transaction is free. */
+			if (victim < 0 && known_blocks[i].lxid != MyProc->lxid)
+				victim = i;
+			continue;
+		}
+		*holds = known_blocks[i].lxid == MyProc->lxid &&
+			RelFileNodeEquals(known_blocks[i].node, rel->rd_node);
+		return i;
+	}
+	*holds = false;
+	if (victim < 0)
+	{
+		victim = next_victim;
+		next_victim = (next_victim + 1) % lengthof(known_blocks);
+	}
+	return victim;
 }
 
 /* Remember that rel has at least nblocks blocks, if it may be kept. */
