@@ -483,9 +483,18 @@ SELECT state_mismatches() AS after_rewrite;
 -- history_stored(), the fold trigger's WHEN, called by hand: it folds only a
 -- row this transaction stored (39P01 else), and one folded already refuses
 -- the statement (27000) and changes nothing.
+-- A block past the history's end is no row either: the call neither reads it
+-- (XX001, as if the file were corrupt) nor extends the file (block
+-- 4294967295 is PostgreSQL's "new block").
+SELECT pg_catalog.pg_relation_size('status_history.history') AS history_size_before \gset
 \set VERBOSITY sqlstate
 SELECT status_history.history_stored('(0,1)');
 SELECT status_history.history_stored('(4294967295,1)');
+SELECT status_history.history_stored('(4294967295,1)');
+SELECT status_history.history_stored('(100000,1)');
+\set VERBOSITY default
+SELECT pg_catalog.pg_relation_size('status_history.history') = :history_size_before AS history_not_extended;
+\set VERBOSITY sqlstate
 BEGIN;
 SELECT status FROM status_history.report('hs', 'running', replica_id => 'r1', generation => 9);
 SELECT status_history.history_stored(ctid) FROM status_history.history WHERE object_id = 'hs';

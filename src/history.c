@@ -583,7 +583,8 @@ status_history_history_stored(PG_FUNCTION_ARGS)
 	lockmode = CheckRelationOidLockedByMe(relid, RowExclusiveLock, true) ? NoLock : AccessShareLock;
 	rel = table_open(relid, lockmode);
 	slot = table_slot_create(rel, NULL);
-	found = table_tuple_fetch_row_version(rel, tid, SnapshotSelf, slot);
+	/* (A block past the end is no row: reading it would extend the file, or fail as if it were corrupt.) */
+	found = sh_fetch_hint(rel, tid, slot);
 	tuple = found ? ExecFetchSlotHeapTuple(slot, false, NULL) : NULL;
 	if (tuple == NULL || !TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetXmin(tuple->t_data)))
 		ereport(ERROR,
