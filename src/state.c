@@ -561,6 +561,7 @@ state_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 	{
 		sh_imports_abort(mySubid);
 		sh_rowwriter_subabort(mySubid);
+		sh_forget_blocks();
 	}
 	if (event == SUBXACT_EVENT_ABORT_SUB && objects != NULL && newest_touch >= mySubid)
 	{

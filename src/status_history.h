@@ -64,6 +64,7 @@ extern uint32 sh_text_key_hash(const void *key, Size keysize);
 extern int	sh_text_key_match(const void *key1, const void *key2, Size keysize);
 extern void sh_check_id_list(Datum ids);
 extern void sh_note_block(Relation rel, BlockNumber blk);
+extern void sh_forget_blocks(void);
 extern bool sh_fetch_hint(Relation rel, ItemPointer tid, TupleTableSlot *slot);
 extern bool sh_written_by_this_command(TupleTableSlot *slot);
 extern void sh_advance_command(void);

@@ -283,7 +283,9 @@ sh_history_find_stamp(Relation history, TimestampTz stamp, TupleTableSlot *slot)
  * While we hold a lock on a relation nobody else can shorten it (VACUUM's
  * truncation needs ACCESS EXCLUSIVE), and our own transaction shortens a
  * file in place only if it made that file (not kept then).  A block read
- * in this transaction (sh_note_block) or counted in the file exists.
+ * in this transaction (sh_note_block) or counted in the file exists --
+ * until a subtransaction aborts, which may release the lock it relied on
+ * (sh_forget_blocks()).
  */
 static struct
 {
@@ -344,6 +346,17 @@ remember_blocks(Relation rel, BlockNumber nblocks)
 	known_blocks[i].node = rel->rd_node;
 	known_blocks[i].lxid = MyProc->lxid;
 	known_blocks[i].nblocks = nblocks;
+}
+
+/*
+ * A subtransaction aborted: the locks it took first are gone with it, and a
+ * count that relied on one of them no longer holds (VACUUM may shorten the
+ * file now).  Forget every count; the next check asks the file.
+ */
+void
+sh_forget_blocks(void)
+{
+	memset(known_blocks, 0, sizeof(known_blocks));
 }
 
 /* Block blk of rel was read just now (under our lock). */
